@@ -1,0 +1,39 @@
+"""The contract with the other services: one pydantic model per topic record.
+
+`schemas/*.schema.json` and `schemas/asyncapi.yaml` are generated from these models
+(`python -m schemas.generate`); a test fails when they drift.
+"""
+
+from schemas.models import (
+    SCHEMA_VERSION,
+    AssembledPrompt,
+    AssemblyAudit,
+    Chunk,
+    Citation,
+    DroppedChunk,
+    DropReason,
+    EngineInfo,
+    ErrorRecord,
+    KeptChunk,
+    Message,
+    PolicyRef,
+    RetrievalResult,
+    TokenUsage,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AssembledPrompt",
+    "AssemblyAudit",
+    "Chunk",
+    "Citation",
+    "DropReason",
+    "DroppedChunk",
+    "EngineInfo",
+    "ErrorRecord",
+    "KeptChunk",
+    "Message",
+    "PolicyRef",
+    "RetrievalResult",
+    "TokenUsage",
+]

@@ -1,0 +1,172 @@
+"""Records on the wire (schema_version 1).
+
+Inputs are strict about shape (unknown top-level fields are kept in `metadata` by the
+producer, not silently accepted here) and lenient about what is optional. Outputs carry
+nothing wall-clock, so the same event and policy always serialise to the same bytes.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Message(_Record):
+    """One chat message: an earlier turn on input, a prompt message on output."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Chunk(_Record):
+    """A retrieved passage, as the reranker ranked it."""
+
+    chunk_id: str = Field(min_length=1)
+    text: str
+    doc_id: str | None = Field(default=None, description="Defaults to chunk_id.")
+    score: float | None = Field(default=None, allow_inf_nan=False)
+    title: str | None = None
+    section: str | None = None
+    source: str | None = None
+    doc_type: str | None = None
+    version: str | None = None
+    effective_from: date | None = None
+    effective_to: date | None = Field(default=None, description="Last day in force, inclusive.")
+    audience: list[str] = Field(default_factory=list, description="Empty: everyone may read it.")
+    embedding: list[float] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_as_text(cls, value: object) -> object:
+        # Producers send versions as 3 or "3"; the header prints them the same way.
+        return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _dates_in_order(self) -> Chunk:
+        if self.effective_from and self.effective_to and self.effective_to < self.effective_from:
+            raise ValueError("effective_to is before effective_from")
+        return self
+
+    @property
+    def document(self) -> str:
+        return self.doc_id or self.chunk_id
+
+
+class RetrievalResult(_Record):
+    """Input event: one chat request and its reranked passages, best first."""
+
+    schema_version: Literal[1] = 1
+    request_id: str = Field(min_length=1)
+    question: str
+    chunks: list[Chunk] = Field(default_factory=list)
+    audience: str | None = Field(default=None, description="Who will read the answer.")
+    as_of: date | None = Field(default=None, description="Date the answer must hold on.")
+    history: list[Message] = Field(default_factory=list)
+    policy: str | None = Field(default=None, description="Name of a server-side policy.")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DropReason(StrEnum):
+    DUPLICATE = "duplicate"
+    NEAR_DUPLICATE = "near_duplicate"
+    OVER_BUDGET = "over_budget"
+    BELOW_MIN_SCORE = "below_min_score"
+    MAX_CHUNKS = "max_chunks"
+    ACCESS_DENIED = "access_denied"
+    NOT_IN_FORCE = "not_in_force"
+    EMPTY = "empty"
+
+
+class Citation(_Record):
+    label: str
+    chunk_id: str
+    doc_id: str
+    source: str | None = None
+    title: str | None = None
+    section: str | None = None
+    version: str | None = None
+
+
+class TokenUsage(_Record):
+    context: int = Field(description="Tokens of the kept passages, headers included.")
+    prompt: int = Field(description="Tokens of every message, chat overhead included.")
+    budget: int = Field(description="Passage budget this request was packed against.")
+    tokenizer: str
+
+
+class PolicyRef(_Record):
+    name: str
+    hash: str
+
+
+class EngineInfo(_Record):
+    name: Literal["context-assembler"] = "context-assembler"
+    version: str
+
+
+class AssembledPrompt(_Record):
+    """Output for the generation service."""
+
+    schema_version: Literal[1] = 1
+    request_id: str
+    messages: list[Message]
+    context: str
+    citations: list[Citation]
+    tokens: TokenUsage
+    abstained: bool = Field(description="Nothing relevant is left: the answer must say so.")
+    policy: PolicyRef
+    engine: EngineInfo
+
+
+class KeptChunk(_Record):
+    chunk_id: str
+    doc_id: str
+    rank: int = Field(description="1-based position in the input list.")
+    label: str
+    tokens: int
+    compressed: bool = False
+
+
+class DroppedChunk(_Record):
+    chunk_id: str
+    doc_id: str
+    rank: int
+    reason: DropReason
+    detail: str
+    duplicate_of: str | None = Field(default=None, description="The kept chunk it copies.")
+    similarity: float | None = None
+
+
+class AssemblyAudit(_Record):
+    """Output for the audit service: every input chunk appears once, kept or dropped."""
+
+    schema_version: Literal[1] = 1
+    request_id: str
+    policy: PolicyRef
+    engine: EngineInfo
+    kept: list[KeptChunk]
+    dropped: list[DroppedChunk]
+    tokens: TokenUsage
+    abstained: bool
+    history_turns_dropped: int = 0
+
+
+class ErrorRecord(_Record):
+    """A rejected input, with where it came from and why (error file / DLQ body)."""
+
+    schema_version: Literal[1] = 1
+    origin: str = Field(description="file:line or topic/partition/offset")
+    reason: str = Field(description="Short machine-readable class: json, schema, limits, engine.")
+    message: str
+    request_id: str | None = None
+    raw: str = Field(description="The original input, decoded as UTF-8 with replacement.")

@@ -1,0 +1,53 @@
+"""Extractive compression: keep the sentences that share the most words with the question.
+
+Sentences are kept verbatim and in their original order, so a citation still quotes real
+text; " … " marks where text was left out. Never abstractive: a summary can change the one
+number that is the answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+from worker.engine.words import WORD
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+ELISION = " … "
+# Words too common to say a sentence is about the question.
+_STOPWORDS = frozenset(
+    "a an and are as at be by can do does for from how i in is it its of on or that the this "
+    "to was what when where which who why will with you your".split()
+)
+
+
+def content_words(text: str) -> frozenset[str]:
+    return frozenset(w for w in WORD.findall(text.lower()) if w not in _STOPWORDS)
+
+
+def sentences(text: str) -> list[str]:
+    pieces: list[str] = []
+    for line in text.splitlines():
+        pieces.extend(part.strip() for part in _SENTENCE_END.split(line) if part.strip())
+    return pieces
+
+
+def extract_relevant(text: str, question: str, max_sentences: int) -> str | None:
+    """The `max_sentences` most question-like sentences, or None when that saves nothing."""
+    question_words = content_words(question)
+    parts = sentences(text)
+    scored = [
+        (len(question_words & content_words(sentence)), index)
+        for index, sentence in enumerate(parts)
+    ]
+    best = sorted((item for item in scored if item[0] > 0), key=lambda item: (-item[0], item[1]))
+    chosen = sorted(index for _, index in best[:max_sentences])
+    if not chosen or len(chosen) == len(parts):
+        return None
+    pieces: list[str] = []
+    for position, index in enumerate(chosen):
+        if position and index != chosen[position - 1] + 1:
+            pieces.append(ELISION.strip())
+        pieces.append(parts[index])
+    if chosen[0] != 0:
+        pieces.insert(0, ELISION.strip())
+    return " ".join(pieces)

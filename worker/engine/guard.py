@@ -1,0 +1,51 @@
+"""Guards: text the reader may not see, or that is not in force, never reaches the prompt.
+
+Retrieval should already have filtered both; this is defence in depth, so a staff-only
+procedure cannot reach a customer's prompt even when an upstream filter was skipped.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+from schemas.models import DroppedChunk, DropReason
+from worker.engine.candidate import Candidate
+from worker.engine.policy import GuardPolicy
+from worker.engine.words import has_words
+
+
+def guard(
+    candidates: list[Candidate],
+    *,
+    audience: str | None,
+    as_of: date | None,
+    policy: GuardPolicy,
+) -> tuple[list[Candidate], list[DroppedChunk]]:
+    passed: list[Candidate] = []
+    dropped: list[DroppedChunk] = []
+    for candidate in candidates:
+        chunk = candidate.chunk
+        allowed = chunk.audience
+        if allowed and audience is not None and audience not in allowed:
+            dropped.append(candidate.drop(
+                DropReason.ACCESS_DENIED,
+                f"audience {audience!r} is not in {sorted(allowed)}",
+            ))
+        elif allowed and audience is None and policy.unknown_audience == "deny":
+            dropped.append(candidate.drop(
+                DropReason.ACCESS_DENIED,
+                f"request names no audience and the chunk is limited to {sorted(allowed)}",
+            ))
+        elif as_of is not None and chunk.effective_from is not None and as_of < chunk.effective_from:
+            dropped.append(candidate.drop(
+                DropReason.NOT_IN_FORCE, f"in force from {chunk.effective_from}, asked as of {as_of}"
+            ))
+        elif as_of is not None and chunk.effective_to is not None and as_of > chunk.effective_to:
+            dropped.append(candidate.drop(
+                DropReason.NOT_IN_FORCE, f"in force until {chunk.effective_to}, asked as of {as_of}"
+            ))
+        elif not has_words(chunk.text):
+            dropped.append(candidate.drop(DropReason.EMPTY, "text has no words"))
+        else:
+            passed.append(candidate)
+    return passed, dropped

