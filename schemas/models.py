@@ -49,7 +49,8 @@ class Chunk(_Record):
     @classmethod
     def _version_as_text(cls, value: object) -> object:
         # Producers send versions as 3 or "3"; the header prints them the same way.
-        return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        return str(value) if is_number else value
 
     @model_validator(mode="after")
     def _dates_in_order(self) -> Chunk:

@@ -36,7 +36,7 @@ def _inputs(paths: Sequence[str]) -> Iterator[list[tuple[str, BinaryIO]]]:
             if path == "-":
                 sources.append(("<stdin>", sys.stdin.buffer))
             else:
-                sources.append((path, stack.enter_context(open(path, "rb"))))  # noqa: SIM115
+                sources.append((path, stack.enter_context(open(path, "rb"))))
         yield sources
 
 
@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     policy_help = f"TOML policy file or preset ({', '.join(preset_names())}); default: default"
 
-    run = commands.add_parser("assemble", help="RetrievalResult JSONL in, AssembledPrompt JSONL out")
+    run = commands.add_parser(
+        "assemble", help="RetrievalResult JSONL in, AssembledPrompt JSONL out"
+    )
     run.add_argument("files", nargs="*", help="JSONL files, or - for stdin (the default)")
     run.add_argument("--policy", help=policy_help)
     run.add_argument("--out", help="AssembledPrompt JSONL (default: stdout)")

@@ -25,7 +25,11 @@ class Limits(BaseModel):
 
 
 class RejectedInput(ValueError):
-    """An input that cannot be assembled; `reason` is one of json, schema, limits, policy, engine."""
+    """An input that cannot be assembled.
+
+    `reason`: json, schema, limits, policy, budget (the question alone overflows the window)
+    or engine (a bug: the event is kept for replay).
+    """
 
     def __init__(self, reason: str, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
@@ -70,13 +74,11 @@ def decode_event(raw: bytes, limits: Limits) -> RetrievalResult:
     except orjson.JSONDecodeError as error:
         raise RejectedInput("json", f"not valid UTF-8 JSON: {error}") from None
     request_id = _request_id(obj)
-    if isinstance(obj, dict) and isinstance(obj.get("chunks"), list):
-        if len(obj["chunks"]) > limits.max_chunks:
-            raise RejectedInput(
-                "limits",
-                f"{len(obj['chunks'])} chunks, over max_chunks={limits.max_chunks}",
-                request_id,
-            )
+    chunks = obj.get("chunks") if isinstance(obj, dict) else None
+    if isinstance(chunks, list) and len(chunks) > limits.max_chunks:
+        raise RejectedInput(
+            "limits", f"{len(chunks)} chunks, over max_chunks={limits.max_chunks}", request_id
+        )
     try:
         event = RetrievalResult.model_validate(obj)
     except ValidationError as error:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from worker.codec import Limits, RejectedInput, decode_event, encode
-from worker.engine import Assembly, assemble
+from worker.engine import Assembly, PromptTooLarge, assemble
 from worker.policies import PolicyRegistry
 
 
@@ -24,6 +24,8 @@ def assemble_bytes(
     policy = registry.resolve(event.policy, event.request_id)
     try:
         return assemble(event, policy)
+    except PromptTooLarge as error:
+        raise RejectedInput("budget", str(error), event.request_id) from error
     except Exception as error:  # an engine bug must cost one event, not the stream
         raise RejectedInput(
             "engine", f"{type(error).__name__}: {error}", event.request_id

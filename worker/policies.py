@@ -16,7 +16,8 @@ from worker.engine.policy import Policy, PolicyError, policy_from_mapping
 
 def preset_names() -> list[str]:
     folder = resources.files("worker") / "presets"
-    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+    names = (p.name for p in folder.iterdir())
+    return sorted(n.removesuffix(".toml") for n in names if n.endswith(".toml"))
 
 
 def _parse(text: str, where: str) -> dict[str, object]:

@@ -68,7 +68,9 @@ def ensure_vocabulary(name: str) -> None:
         return
     data = _bundled(name)
     if data is None or _sha256(data) != expected:
-        raise VocabularyUnavailable(f"tokenizer vocabulary {name!r} is not available offline; {how}")
+        raise VocabularyUnavailable(
+            f"tokenizer vocabulary {name!r} is not available offline; {how}"
+        )
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")

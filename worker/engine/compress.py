@@ -1,7 +1,7 @@
 """Extractive compression: keep the sentences that share the most words with the question.
 
 Sentences are kept verbatim and in their original order, so a citation still quotes real
-text; " … " marks where text was left out. Never abstractive: a summary can change the one
+text; "…" marks where text was left out. Never abstractive: a summary can change the one
 number that is the answer.
 """
 
@@ -12,11 +12,11 @@ import re
 from worker.engine.words import WORD
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-ELISION = " … "
+ELISION = "…"
 # Words too common to say a sentence is about the question.
 _STOPWORDS = frozenset(
-    "a an and are as at be by can do does for from how i in is it its of on or that the this "
-    "to was what when where which who why will with you your".split()
+    "a an and are as at be by can do does for from how i in is it its of on or that the "
+    "this to was what when where which who why will with you your".split()
 )
 
 
@@ -46,8 +46,10 @@ def extract_relevant(text: str, question: str, max_sentences: int) -> str | None
     pieces: list[str] = []
     for position, index in enumerate(chosen):
         if position and index != chosen[position - 1] + 1:
-            pieces.append(ELISION.strip())
+            pieces.append(ELISION)
         pieces.append(parts[index])
     if chosen[0] != 0:
-        pieces.insert(0, ELISION.strip())
+        pieces.insert(0, ELISION)
+    if chosen[-1] != len(parts) - 1:
+        pieces.append(ELISION)
     return " ".join(pieces)

@@ -36,11 +36,12 @@ def guard(
                 DropReason.ACCESS_DENIED,
                 f"request names no audience and the chunk is limited to {sorted(allowed)}",
             ))
-        elif as_of is not None and chunk.effective_from is not None and as_of < chunk.effective_from:
+        elif as_of and chunk.effective_from and as_of < chunk.effective_from:
             dropped.append(candidate.drop(
-                DropReason.NOT_IN_FORCE, f"in force from {chunk.effective_from}, asked as of {as_of}"
+                DropReason.NOT_IN_FORCE,
+                f"in force from {chunk.effective_from}, asked as of {as_of}",
             ))
-        elif as_of is not None and chunk.effective_to is not None and as_of > chunk.effective_to:
+        elif as_of and chunk.effective_to and as_of > chunk.effective_to:
             dropped.append(candidate.drop(
                 DropReason.NOT_IN_FORCE, f"in force until {chunk.effective_to}, asked as of {as_of}"
             ))

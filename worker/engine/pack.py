@@ -40,9 +40,12 @@ def relevance(candidates: list[Candidate]) -> dict[int, float]:
 
 
 def normalised(values: dict[int, float]) -> dict[int, float]:
+    """Into [0, 1]: relative to the best when scores are >= 0, else min-max (logits)."""
     if not values:
         return {}
     low, high = min(values.values()), max(values.values())
+    if low >= 0 and high > 0:
+        return {rank: value / high for rank, value in values.items()}
     if high == low:
         return dict.fromkeys(values, 1.0)
     return {rank: (value - low) / (high - low) for rank, value in values.items()}
@@ -120,7 +123,9 @@ class _Packer:
             if self.drop_copy(candidate):
                 continue
             if stopped is not None:
-                self.over_budget(candidate, f"packing stopped at rank {stopped.rank}, which did not fit")
+                self.over_budget(
+                    candidate, f"packing stopped at rank {stopped.rank}, which did not fit"
+                )
             elif self.full:
                 self.drop_max_chunks(candidate)
             elif not self.try_keep(candidate) and stop_at_first_misfit:
@@ -128,13 +133,18 @@ class _Packer:
 
     def mmr(self, candidates: list[Candidate], weight: float, drop_title_line: bool) -> None:
         relevant = normalised(relevance(candidates))
-        words = {c.rank: word_set(c.chunk.text, drop_title_line=drop_title_line) for c in candidates}
+        words = {
+            c.rank: word_set(c.chunk.text, drop_title_line=drop_title_line) for c in candidates
+        }
         redundancy = dict.fromkeys(relevant, 0.0)
         remaining = list(candidates)
         while remaining:
             best = max(
                 remaining,
-                key=lambda c: (weight * relevant[c.rank] - (1 - weight) * redundancy[c.rank], -c.rank),
+                key=lambda c: (
+                    weight * relevant[c.rank] - (1 - weight) * redundancy[c.rank],
+                    -c.rank,
+                ),
             )
             remaining.remove(best)
             if self.drop_copy(best):

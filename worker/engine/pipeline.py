@@ -38,6 +38,10 @@ from worker.engine.tokens import TokenCounter, get_counter
 ENGINE = EngineInfo(version=__version__)
 
 
+class PromptTooLarge(ValueError):
+    """Even without passages the prompt exceeds window - max_output: nothing can fix that."""
+
+
 @dataclass(frozen=True, slots=True)
 class Assembly:
     prompt: AssembledPrompt
@@ -106,8 +110,13 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
         ]
         messages = render.messages(event.question, plan.history, passages, policy.render)
         prompt_tokens = _prompt_tokens(messages, counter, overhead)
-        if plan.prompt_limit is None or prompt_tokens <= plan.prompt_limit or not kept:
+        if plan.prompt_limit is None or prompt_tokens <= plan.prompt_limit:
             break
+        if not kept:
+            raise PromptTooLarge(
+                f"instructions, history and question alone need {prompt_tokens} tokens, over "
+                f"window - max_output = {plan.prompt_limit}"
+            )
         # Summed passage counts almost always bound the joined text; if not, shed the
         # passage chosen last until the whole prompt fits window - max_output.
         last = kept.pop()

@@ -23,7 +23,7 @@ NO_PASSAGES = "No passage could be used for this question: say that you do not k
 def neutralise(text: str) -> str:
     """Defuse delimiter look-alikes; the words themselves stay as they are."""
     text = _TAG_LOOKALIKE.sub(r"&lt;\1", text)
-    return _HEADER_LOOKALIKE.sub(r"［\1］", text)
+    return _HEADER_LOOKALIKE.sub(r"［\1］", text)  # noqa: RUF001 - fullwidth on purpose
 
 
 def _field(value: str | None) -> str:

