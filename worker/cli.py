@@ -140,6 +140,38 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(_: argparse.Namespace) -> int:
+    from worker.kafka.run import run_worker
+    from worker.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings()
+    except SettingsError as error:
+        print(f"context-assembler: {error}", file=sys.stderr)
+        return 2
+    return run_worker(settings)
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker.kafka.produce import produce
+    from worker.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings()
+    except SettingsError as error:
+        print(f"context-assembler: {error}", file=sys.stderr)
+        return 2
+    servers = args.bootstrap_servers or settings.bootstrap_servers
+    topic = args.topic or settings.input_topic
+    with _inputs(args.files) as sources:
+        lines = (line for _, stream in sources for line in stream)
+        sent = asyncio.run(produce(servers, topic, lines))
+    print(f"sent {sent} events to {topic}", file=sys.stderr)
+    return 0
+
+
 def _add_limits(parser: argparse.ArgumentParser) -> None:
     defaults = Limits()
     parser.add_argument("--max-event-bytes", type=int, default=defaults.max_event_bytes)
@@ -179,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweeper.add_argument("--png", help="also draw the sweep as a PNG chart")
     _add_limits(sweeper)
     sweeper.set_defaults(handler=cmd_sweep)
+
+    work = commands.add_parser("worker", help="the Kafka worker (settings: ASSEMBLER_* variables)")
+    work.set_defaults(handler=cmd_worker)
+
+    send = commands.add_parser("produce", help="send JSONL events to the input topic")
+    send.add_argument("files", nargs="*", help="JSONL files, or - for stdin (the default)")
+    send.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
+    send.add_argument("--topic", help="default: ASSEMBLER_INPUT_TOPIC")
+    send.set_defaults(handler=cmd_produce)
 
     show = commands.add_parser("policy", help="print the resolved policy and its hash")
     show.add_argument("--policy", help=policy_help)

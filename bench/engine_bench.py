@@ -1,0 +1,692 @@
+"""Engine benchmark: `assemble()` against seed 000's naive algorithm and against bare tiktoken.
+
+Run `python -m bench.engine_bench` (about 2 minutes), `--quick` (under 30 s), `--json FILE`
+to keep the numbers, `--strict` to exit 1 when a target fails.
+
+Events are generated deterministically (seeded `random.Random`): English-like prose from a
+Zipf-weighted vocabulary, chunks of 250-450 words with full metadata, scores descending,
+and about 10 % near-duplicates (an earlier chunk's body under another document's title).
+
+Regimes:
+- warm: chunks come from a pool of 3x the event size; every timed event was run once before
+  with another question, so chunk token counts and word sets hit the caches while the
+  request's own text (question, final prompt) is new, as for a fresh request.
+- cold: every chunk text is new and the engine's caches are cleared before each event.
+
+Per event, the contenders run back to back in rotating order, so machine noise hits them
+alike: (a) the engine on a pre-parsed event with `Policy()`; (b) the naive baseline, seed
+000's algorithm with tiktoken and no cache; (c) cold only, tiktoken alone: one
+`encode_ordinary` per pre-rendered passage, the floor of any exact uncached count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import math
+import platform
+import random
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import tiktoken
+
+from schemas.models import Chunk, DropReason, RetrievalResult
+from worker.engine import Assembly, Policy, assemble, words
+from worker.engine.tokens import TiktokenCounter, get_counter
+
+T = TypeVar("T")
+
+SEED: Final = 20_260_611
+SIZES: Final = (10, 40, 200, 1000)
+COPY_SHARE: Final = 0.10  # near-duplicates per event
+POOL_FACTOR: Final = 3  # warm pool: 3x the event size
+ENCODING: Final = "cl100k_base"
+BUDGET: Final = 1500  # Policy() default passage budget, the baseline uses the same
+SIMILAR: Final = 0.9
+
+# Events per (size): (warm, cold). Every timed event is distinct.
+DEFAULT_REPEATS: Final = {10: (400, 150), 40: (200, 80), 200: (30, 20), 1000: (9, 7)}
+QUICK_REPEATS: Final = {10: (40, 20), 40: (30, 12), 200: (5, 4), 1000: (2, 2)}
+
+TARGET_WARM_SPEEDUP: Final = 30.0  # baseline / engine, warm, 40 chunks
+TARGET_COLD_RATIO: Final = 1.8  # engine / tiktoken alone, cold, every size
+TARGET_WARM_1000_MS: Final = 50.0  # engine median, warm, 1,000 chunks
+
+
+# --------------------------------------------------------------------------------------
+# Synthetic corpus
+# --------------------------------------------------------------------------------------
+
+# The most frequent ranks are real function words, as in English (about half of all words).
+_FUNCTION_WORDS: Final = (
+    "the of and to a in is that for it as with be on not this are by or at from you your "
+    "can if will an we they which when there all more no must any other may has have been "
+    "one should within after before only each than then these their its our out up also "
+    "but was were do does how what who where so such into over under two three first new "
+    "same every some most very about between both because while per until through"
+)
+_STEMS: Final = (
+    "return refund order item product customer service warrant repair pump filter battery "
+    "charge deliver ship account store garden water pressure hose tool part kit model guide "
+    "policy procedure claim receipt pay card price stock supply manage staff agent request "
+    "contact support invoice label package box season winter summer storage clean check "
+    "replace install connect switch motor blade handle cable plug power light sensor valve "
+    "nozzle tank seal screw frame wheel cover case panel button display message error code "
+    "date period month week day hour minute time rule note detail section version document "
+    "form record report review approve confirm cancel change update transfer exchange "
+    "credit debit balance cost fee rate limit offer discount member program point reward "
+    "gift voucher online email phone visit technician travel address region country local "
+    "central standard express safe secure quick direct manual heavy drain freeze heat "
+    "temperature surface trigger release spray mower trim hedge lawn soil seed plant"
+)
+FUNCTION_WORDS: Final = _FUNCTION_WORDS.split()
+STEMS: Final = _STEMS.split()
+PREFIXES: Final = ("re", "pre", "un", "over", "sub")
+SUFFIXES: Final = ("", "s", "ed", "ing", "er", "able", "ment", "ly", "ation", "al")
+PRODUCT_CODES: Final = ("PW", "WK", "MT", "KS", "HG", "BL", "TX")
+DOC_TYPES: Final = ("policy", "procedure", "help article", "product guide", "supplier content")
+VOCABULARY_SIZE: Final = 3000
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    doc_id: str
+    title: str
+    doc_type: str
+    version: str
+    effective_from: date
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """A chunk before retrieval scored it: its text is the document title, then the body."""
+
+    chunk_id: str
+    document: Document
+    section: str
+    body: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.document.title}\n{self.body}"
+
+    def to_chunk(self, score: float) -> Chunk:
+        doc = self.document
+        return Chunk(
+            chunk_id=self.chunk_id,
+            text=self.text,
+            doc_id=doc.doc_id,
+            score=score,
+            title=doc.title,
+            section=self.section,
+            source=doc.source,
+            doc_type=doc.doc_type,
+            version=doc.version,
+            effective_from=doc.effective_from,
+        )
+
+
+class Corpus:
+    """Deterministic generator of documents, passages, near-duplicates and questions."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.vocabulary = self._vocabulary()
+        # Zipf-Mandelbrot weights: rank r has weight 1 / (r + 2.7).
+        self.cum_weights = list(
+            itertools.accumulate(1.0 / (rank + 2.7) for rank in range(len(self.vocabulary)))
+        )
+        self._ids: set[str] = set()
+        self._serial = 0
+
+    def _vocabulary(self) -> list[str]:
+        """Function words first, then content words from plain to rare, as in English.
+
+        Frequent words are short and whole tokens; derived forms ("resupplyable") and
+        product codes live in the tail. Order is shuffled within each tier.
+        """
+        seen = set(FUNCTION_WORDS)
+        vocabulary = list(FUNCTION_WORDS)
+        tiers = (
+            [s + x for s in STEMS for x in ("", "s")],
+            [s + x for s in STEMS for x in ("ed", "ing", "er")],
+            [s + x for s in STEMS for x in SUFFIXES if x not in ("", "s", "ed", "ing", "er")]
+            + [f"{prefix}-{self.rng.randrange(100, 9999)}" for prefix in PRODUCT_CODES],
+            [p + s + x for p in PREFIXES for s in STEMS for x in SUFFIXES],
+        )
+        for tier in tiers:
+            fresh = [w for w in dict.fromkeys(tier) if w not in seen]
+            self.rng.shuffle(fresh)
+            seen.update(fresh)
+            vocabulary.extend(fresh)
+        return vocabulary[:VOCABULARY_SIZE]
+
+    def _chunk_id(self) -> str:
+        while True:
+            chunk_id = f"{self.rng.getrandbits(48):012x}"
+            if chunk_id not in self._ids:
+                self._ids.add(chunk_id)
+                return chunk_id
+
+    def _words(self, count: int) -> list[str]:
+        return self.rng.choices(self.vocabulary, cum_weights=self.cum_weights, k=count)
+
+    def _phrase(self, low: int, high: int) -> str:
+        return " ".join(self.rng.choices(STEMS, k=self.rng.randint(low, high))).capitalize()
+
+    def prose(self, count: int) -> str:
+        """`count` words as sentences (6-24 words, some commas) in paragraphs."""
+        rng, drawn = self.rng, self._words(count)
+        paragraphs: list[str] = []
+        sentences: list[str] = []
+        start = 0
+        while start < count:
+            end = min(count, start + rng.randint(6, 24))
+            sentence = [w + "," if rng.random() < 0.06 else w for w in drawn[start:end - 1]]
+            sentence.append(drawn[end - 1])
+            text = " ".join(sentence)
+            sentences.append(text[0].upper() + text[1:] + ".")
+            start = end
+            if rng.random() < 0.2:
+                paragraphs.append(" ".join(sentences))
+                sentences = []
+        if sentences:
+            paragraphs.append(" ".join(sentences))
+        return "\n\n".join(paragraphs)
+
+    def documents(self, count: int) -> list[Document]:
+        docs: list[Document] = []
+        for _ in range(count):
+            self._serial += 1
+            doc_type = self.rng.choice(DOC_TYPES)
+            name = self._phrase(2, 3)
+            slug = "-".join(name.lower().split())
+            docs.append(Document(
+                doc_id=f"{slug}-{self._serial}",
+                title=f"{name} {doc_type} {self._serial}",
+                doc_type=doc_type,
+                version=str(self.rng.randint(1, 6)),
+                effective_from=date(2024, 1, 1) + timedelta(days=self.rng.randrange(900)),
+                source=f"kb/{doc_type.replace(' ', '-')}/{slug}-{self._serial}.md",
+            ))
+        return docs
+
+    def passage(self, documents: Sequence[Document]) -> Passage:
+        section = self._phrase(1, 3)
+        body = f"{section}\n\n{self.prose(self.rng.randint(250, 450))}"
+        return Passage(self._chunk_id(), self.rng.choice(documents), section, body)
+
+    def copy_of(self, original: Passage, documents: Sequence[Document]) -> Passage:
+        """The same body under another document's title: a near-duplicate (Jaccard 1.0)."""
+        others = [d for d in documents if d.doc_id != original.document.doc_id]
+        return Passage(self._chunk_id(), self.rng.choice(others), original.section, original.body)
+
+    def question(self) -> str:
+        return " ".join(self._words(self.rng.randint(8, 16))).capitalize() + "?"
+
+    def ranked(
+        self, originals: Sequence[Passage], copy: Callable[[Passage], Passage], size: int
+    ) -> list[Passage]:
+        """`size` passages: the originals, plus copies of some inserted after them.
+
+        The first copy is of the top passage, which always fits the budget, so every event
+        drops at least one near-duplicate.
+        """
+        copies = max(1, round(size * COPY_SHARE))
+        ranked = list(originals[: size - copies])
+        sources = [0, *self.rng.sample(range(1, len(ranked)), copies - 1)]
+        for index in sources:
+            original = originals[index]
+            after = ranked.index(original) + 1
+            ranked.insert(self.rng.randint(after, len(ranked)), copy(original))
+        return ranked
+
+    def event(self, request_id: str, passages: Sequence[Passage], question: str) -> RetrievalResult:
+        scores = sorted((round(self.rng.uniform(0.05, 0.99), 4) for _ in passages), reverse=True)
+        return RetrievalResult(
+            request_id=request_id,
+            question=question,
+            chunks=[p.to_chunk(s) for p, s in zip(passages, scores, strict=True)],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One timed event, and (warm) its twin with another question for the warm-up pass."""
+
+    event: RetrievalResult
+    warmup: RetrievalResult | None
+    rendered: list[str]  # every passage as rendered, for tiktoken alone
+
+
+def warm_cases(corpus: Corpus, size: int, count: int) -> list[Case]:
+    pool_size = POOL_FACTOR * size
+    docs = corpus.documents(max(4, pool_size // 4))
+    pool = [corpus.passage(docs) for _ in range(pool_size)]
+    copies = {p.chunk_id: corpus.copy_of(p, docs) for p in pool}
+    cases: list[Case] = []
+    for i in range(count):
+        originals = corpus.rng.sample(pool, size)
+        ranked = corpus.ranked(originals, lambda p: copies[p.chunk_id], size)
+        event = corpus.event(f"warm-{size}-{i}", ranked, corpus.question())
+        twin = event.model_copy(update={"question": corpus.question()})
+        cases.append(Case(event, twin, [naive_format(c) for c in event.chunks]))
+    return cases
+
+
+def cold_case(corpus: Corpus, size: int, index: int) -> Case:
+    docs = corpus.documents(max(4, size // 4))
+    originals = [corpus.passage(docs) for _ in range(size)]
+    ranked = corpus.ranked(originals, lambda p: corpus.copy_of(p, docs), size)
+    event = corpus.event(f"cold-{size}-{index}", ranked, corpus.question())
+    return Case(event, None, [naive_format(c) for c in event.chunks])
+
+
+# --------------------------------------------------------------------------------------
+# Contenders
+# --------------------------------------------------------------------------------------
+
+
+def naive_format(chunk: Chunk) -> str:
+    """Seed 000's `format_passage`: the header, a newline, the text."""
+    dates = f"in force from {chunk.effective_from}" + (
+        f" to {chunk.effective_to}" if chunk.effective_to else ", no end date"
+    )
+    return (
+        f"[{chunk.chunk_id}] {chunk.title} | {chunk.doc_type}, version {chunk.version}, "
+        f"{dates} | section: {chunk.section or '-'}\n{chunk.text}"
+    )
+
+
+def naive_word_set(text: str) -> set[str]:
+    body = text.split("\n", 1)[1] if "\n" in text else text
+    return set(re.findall(r"\w+", body.lower()))
+
+
+def naive_jaccard(a: str, b: str) -> float:
+    wa, wb = naive_word_set(a), naive_word_set(b)
+    return len(wa & wb) / len(wa | wb) if wa | wb else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What both implementations must agree on."""
+
+    kept: tuple[str, ...]
+    near_duplicates: tuple[str, ...]
+    tokens: int
+
+
+class NaiveAssembler:
+    """Seed 000's `assemble()`, counting with tiktoken on every request (no cache)."""
+
+    def __init__(self, encoding: tiktoken.Encoding) -> None:
+        self.encoding = encoding
+
+    def __call__(self, chunks: Sequence[Chunk]) -> tuple[Outcome, str]:
+        kept: list[Chunk] = []
+        near: list[str] = []
+        used = 0
+        for chunk in chunks:
+            twin = next(
+                (
+                    c
+                    for c in kept
+                    if c.doc_id != chunk.doc_id and naive_jaccard(c.text, chunk.text) >= SIMILAR
+                ),
+                None,
+            )
+            if twin is not None:
+                near.append(chunk.chunk_id)
+                continue
+            cost = len(self.encoding.encode(naive_format(chunk)))
+            if used + cost > BUDGET:
+                continue
+            kept.append(chunk)
+            used += cost
+        context = "\n\n".join(naive_format(c) for c in kept)
+        return Outcome(tuple(c.chunk_id for c in kept), tuple(near), used), context
+
+
+def engine_outcome(assembly: Assembly) -> Outcome:
+    audit = assembly.audit
+    return Outcome(
+        tuple(k.chunk_id for k in audit.kept),
+        tuple(d.chunk_id for d in audit.dropped if d.reason is DropReason.NEAR_DUPLICATE),
+        audit.tokens.context,
+    )
+
+
+def tiktoken_alone(encoding: tiktoken.Encoding, rendered: Sequence[str]) -> int:
+    return sum(len(encoding.encode_ordinary(text)) for text in rendered)
+
+
+def clear_engine_caches(counter: TiktokenCounter) -> None:
+    counter.cache.clear()
+    words._profiles.clear()
+    words._body_profiles.clear()
+
+
+# --------------------------------------------------------------------------------------
+# Measurement
+# --------------------------------------------------------------------------------------
+
+
+def timed(run: Callable[[], T]) -> tuple[int, T]:
+    start = time.perf_counter_ns()
+    result = run()
+    return time.perf_counter_ns() - start, result
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    events: int
+    median_ms: float
+    p90_ms: float
+    events_per_s: float
+
+    @classmethod
+    def of(cls, samples_ns: Sequence[int]) -> Summary:
+        ordered = sorted(samples_ns)
+        median = statistics.median(ordered) / 1e6
+        p90 = ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)] / 1e6
+        return cls(len(ordered), median, p90, 1000.0 / median if median else math.inf)
+
+
+@dataclass
+class Row:
+    regime: str
+    size: int
+    engine: list[int] = field(default_factory=list)
+    baseline: list[int] = field(default_factory=list)
+    tiktoken: list[int] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)
+    near_dropped: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    chunk_bytes: list[int] = field(default_factory=list)
+
+    def check(self, request_id: str, engine: Outcome, baseline: Outcome) -> None:
+        self.kept.append(len(engine.kept))
+        self.near_dropped.append(len(engine.near_duplicates))
+        if engine != baseline:
+            self.mismatches.append(f"{request_id}: engine {engine} != baseline {baseline}")
+
+    @property
+    def speedup(self) -> float:
+        """Baseline median over engine median."""
+        return Summary.of(self.baseline).median_ms / Summary.of(self.engine).median_ms
+
+    @property
+    def over_tiktoken(self) -> float | None:
+        """Engine median over tiktoken-alone median (cold only)."""
+        if not self.tiktoken:
+            return None
+        return Summary.of(self.engine).median_ms / Summary.of(self.tiktoken).median_ms
+
+    def paired(self, numerator: list[int], denominator: list[int]) -> float:
+        """Median of the per-event ratios: the interleaving cancels drifts in machine speed."""
+        return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
+
+    def as_json(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "regime": self.regime,
+            "chunks": self.size,
+            "engine": _summary_json(self.engine),
+            "baseline": _summary_json(self.baseline),
+            "baseline_over_engine": self.speedup,
+            "baseline_over_engine_paired": self.paired(self.baseline, self.engine),
+            "kept_per_event": statistics.mean(self.kept),
+            "near_duplicates_dropped_per_event": statistics.mean(self.near_dropped),
+            "tokens_per_chunk": statistics.mean(self.chunk_tokens),
+            "bytes_per_token": sum(self.chunk_bytes) / sum(self.chunk_tokens),
+            "mismatches": self.mismatches,
+        }
+        if self.tiktoken:
+            result["tiktoken_alone"] = _summary_json(self.tiktoken)
+            result["engine_over_tiktoken"] = self.over_tiktoken
+            result["engine_over_tiktoken_paired"] = self.paired(self.engine, self.tiktoken)
+        return result
+
+
+def _summary_json(samples: Sequence[int]) -> dict[str, float]:
+    s = Summary.of(samples)
+    return {"events": s.events, "median_ms": s.median_ms, "p90_ms": s.p90_ms,
+            "events_per_s": s.events_per_s}
+
+
+ROTATIONS: Final = (
+    ("engine", "baseline", "tiktoken"),
+    ("baseline", "tiktoken", "engine"),
+    ("tiktoken", "engine", "baseline"),
+)
+
+
+class Bench:
+    def __init__(self, repeats: dict[int, tuple[int, int]], seed: int) -> None:
+        self.repeats = repeats
+        self.seed = seed
+        self.policy = Policy()
+        counter = get_counter(ENCODING)  # also installs the offline vocabulary
+        assert isinstance(counter, TiktokenCounter)
+        self.counter = counter
+        self.encoding = tiktoken.get_encoding(ENCODING)
+        self.naive = NaiveAssembler(self.encoding)
+
+    def _engine(self, event: RetrievalResult) -> Callable[[], Assembly]:
+        return lambda: assemble(event, self.policy)
+
+    def _baseline(self, event: RetrievalResult) -> Callable[[], tuple[Outcome, str]]:
+        return lambda: self.naive(event.chunks)
+
+    def _tiktoken(self, rendered: Sequence[str]) -> Callable[[], int]:
+        return lambda: tiktoken_alone(self.encoding, rendered)
+
+    def _stats(self, row: Row, case: Case) -> None:
+        for text in case.rendered:
+            row.chunk_tokens.append(len(self.encoding.encode_ordinary(text)))
+            row.chunk_bytes.append(len(text.encode()))
+
+    def warm(self, size: int) -> Row:
+        corpus = Corpus(self.seed * 7919 + size)
+        cases = warm_cases(corpus, size, self.repeats[size][0])
+        for case in cases:  # the warm-up pass: same chunks, another question
+            assert case.warmup is not None
+            assemble(case.warmup, self.policy)
+        row = Row("warm", size)
+        gc.collect()
+        for i, case in enumerate(cases):
+            engine, baseline = self._engine(case.event), self._baseline(case.event)
+            if i % 2 == 0:
+                engine_ns, assembly = timed(engine)
+                baseline_ns, (naive, _) = timed(baseline)
+            else:
+                baseline_ns, (naive, _) = timed(baseline)
+                engine_ns, assembly = timed(engine)
+            row.engine.append(engine_ns)
+            row.baseline.append(baseline_ns)
+            row.check(case.event.request_id, engine_outcome(assembly), naive)
+        self._stats(row, cases[0])
+        return row
+
+    def cold(self, size: int) -> Row:
+        corpus = Corpus(self.seed * 104_729 + size)
+        row = Row("cold", size)
+        for i in range(self.repeats[size][1]):
+            case = cold_case(corpus, size, i)
+            gc.collect()
+            assembly: Assembly | None = None
+            naive: Outcome | None = None
+            for step in ROTATIONS[i % len(ROTATIONS)]:  # who goes first rotates
+                if step == "engine":
+                    clear_engine_caches(self.counter)
+                    ns, assembly = timed(self._engine(case.event))
+                    row.engine.append(ns)
+                elif step == "baseline":
+                    ns, (naive, _) = timed(self._baseline(case.event))
+                    row.baseline.append(ns)
+                else:
+                    ns, _ = timed(self._tiktoken(case.rendered))
+                    row.tiktoken.append(ns)
+            assert assembly is not None and naive is not None
+            row.check(case.event.request_id, engine_outcome(assembly), naive)
+            if i == 0:
+                self._stats(row, case)
+        return row
+
+
+# --------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    target: str
+    value: str
+    passed: bool
+
+
+def verdicts(rows: Sequence[Row]) -> list[Verdict]:
+    by_key = {(r.regime, r.size): r for r in rows}
+    found: list[Verdict] = []
+    if (warm40 := by_key.get(("warm", 40))) is not None:
+        found.append(Verdict(
+            f"warm, 40 chunks: baseline / engine >= {TARGET_WARM_SPEEDUP:g}x",
+            f"{warm40.speedup:.1f}x (paired {warm40.paired(warm40.baseline, warm40.engine):.1f}x)",
+            warm40.speedup >= TARGET_WARM_SPEEDUP,
+        ))
+    for row in rows:
+        ratio = row.over_tiktoken
+        if ratio is not None:
+            found.append(Verdict(
+                f"cold, {row.size} chunks: engine / tiktoken alone <= {TARGET_COLD_RATIO:g}x",
+                f"{ratio:.2f}x (paired {row.paired(row.engine, row.tiktoken):.2f}x)",
+                ratio <= TARGET_COLD_RATIO,
+            ))
+    if (warm1000 := by_key.get(("warm", 1000))) is not None:
+        median = Summary.of(warm1000.engine).median_ms
+        found.append(Verdict(
+            f"warm, 1000 chunks: engine median < {TARGET_WARM_1000_MS:g} ms",
+            f"{median:.1f} ms",
+            median < TARGET_WARM_1000_MS,
+        ))
+    mismatches = sum(len(r.mismatches) for r in rows)
+    checked = sum(len(r.kept) for r in rows)
+    found.append(Verdict(
+        "sanity: engine and baseline keep the same chunks",
+        f"{checked - mismatches}/{checked} events agree",
+        mismatches == 0,
+    ))
+    return found
+
+
+def _ms(samples: Sequence[int]) -> str:
+    if not samples:
+        return f"{'-':>17}"
+    s = Summary.of(samples)
+    return f"{s.median_ms:8.3f} {s.p90_ms:8.3f}"
+
+
+def table(rows: Sequence[Row]) -> str:
+    head = (
+        f"{'regime':<6} {'chunks':>6} {'events':>6} | {'engine ms':^17} {'engine':>8} | "
+        f"{'baseline ms':^17} | {'tiktoken ms':^17} | {'base/eng':>8} {'eng/tik':>7} | "
+        f"{'kept':>4} {'neardup':>7}"
+    )
+    sub = (
+        f"{'':<6} {'':>6} {'':>6} | {'median':>8} {'p90':>8} {'events/s':>8} | "
+        f"{'median':>8} {'p90':>8} | {'median':>8} {'p90':>8} | {'':>8} {'':>7} | "
+        f"{'/ev':>4} {'/ev':>7}"
+    )
+    lines = [head, sub, "-" * len(head)]
+    for r in rows:
+        ratio = r.over_tiktoken
+        lines.append(
+            f"{r.regime:<6} {r.size:>6} {len(r.engine):>6} | {_ms(r.engine)} "
+            f"{Summary.of(r.engine).events_per_s:>8.0f} | {_ms(r.baseline)} | {_ms(r.tiktoken)} | "
+            f"{r.speedup:>7.1f}x {('-' if ratio is None else f'{ratio:.2f}x'):>7} | "
+            f"{statistics.mean(r.kept):>4.1f} {statistics.mean(r.near_dropped):>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="few events per size (< 30 s)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
+    parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    bench = Bench(QUICK_REPEATS if args.quick else DEFAULT_REPEATS, args.seed)
+    # Untimed start-up: first calls build regexes, pydantic validators, tiktoken state.
+    warmup_corpus = Corpus(args.seed - 1)
+    for case in warm_cases(warmup_corpus, 10, 3):
+        assemble(case.event, bench.policy)
+        bench.naive(case.event.chunks)
+        tiktoken_alone(bench.encoding, case.rendered)
+
+    rows: list[Row] = []
+    for size in SIZES:
+        for regime in ("warm", "cold"):
+            row = bench.warm(size) if regime == "warm" else bench.cold(size)
+            rows.append(row)
+            print(f"  {regime} {size:>4} chunks: {len(row.engine)} events "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    sample = rows[0]
+    print()
+    print(f"context-assembler engine benchmark ({'quick' if args.quick else 'default'} run, "
+          f"seed {args.seed}, Python {platform.python_version()}, tiktoken {tiktoken.__version__})")
+    print(f"chunks: 250-450 words, ~{statistics.mean(sample.chunk_tokens):.0f} tokens, "
+          f"{sum(sample.chunk_bytes) / sum(sample.chunk_tokens):.2f} bytes/token; "
+          f"{COPY_SHARE:.0%} near-duplicates; Policy(): {BUDGET}-token budget, "
+          f"Jaccard {SIMILAR} near-dup, skip packing")
+    print("engine = assemble(event, Policy()); baseline = seed 000 naive with tiktoken encode; "
+          "tiktoken = encode_ordinary per rendered passage")
+    print()
+    print(table(rows))
+    print()
+    found = verdicts(rows)
+    for verdict in found:
+        print(f"{'PASS' if verdict.passed else 'FAIL'}  {verdict.target}: {verdict.value}")
+    for row in rows:
+        for mismatch in row.mismatches[:3]:
+            print(f"  mismatch ({row.regime} {row.size}): {mismatch}")
+    elapsed = time.perf_counter() - started
+    print(f"\ntotal run time {elapsed:.0f} s")
+
+    if args.json is not None:
+        report = {
+            "seed": args.seed,
+            "quick": args.quick,
+            "python": platform.python_version(),
+            "tiktoken": tiktoken.__version__,
+            "elapsed_s": elapsed,
+            "rows": [row.as_json() for row in rows],
+            "targets": [
+                {"target": v.target, "value": v.value, "passed": v.passed} for v in found
+            ],
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.strict and not all(v.passed for v in found):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Run `context-assembler worker` as a real process, and read what it published."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from tests.support.broker import Broker
+
+Header = tuple[str, bytes]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Fresh topic names for one test, so tests never see each other's records."""
+
+    input: str
+    prompts: str
+    audit: str
+    dlq: str
+    group: str
+
+    @classmethod
+    def fresh(cls) -> Topics:
+        tag = uuid.uuid4().hex[:8]
+        return cls(f"{tag}.retrieval.results", f"{tag}.prompts.assembled", f"{tag}.context.audit",
+                   f"{tag}.retrieval.results.dlq", f"{tag}-assembler")
+
+    async def create(self, broker: Broker, partitions: int = 3) -> None:
+        await broker.create_topics({self.input: partitions, self.prompts: partitions,
+                                    self.audit: partitions, self.dlq: 1})
+
+
+@dataclass
+class WorkerProcess:
+    broker: Broker
+    topics: Topics
+    log_path: Path
+    guarantee: str = "at_least_once"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        env = {
+            **os.environ,
+            "ASSEMBLER_BOOTSTRAP_SERVERS": self.broker.bootstrap_servers,
+            "ASSEMBLER_INPUT_TOPIC": self.topics.input,
+            "ASSEMBLER_PROMPTS_TOPIC": self.topics.prompts,
+            "ASSEMBLER_AUDIT_TOPIC": self.topics.audit,
+            "ASSEMBLER_DLQ_TOPIC": self.topics.dlq,
+            "ASSEMBLER_GROUP_ID": self.topics.group,
+            "ASSEMBLER_PROCESSING_GUARANTEE": self.guarantee,
+            "ASSEMBLER_HTTP_HOST": "127.0.0.1",
+            "ASSEMBLER_HTTP_PORT": str(self.port),
+            **self.extra_env,
+        }
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker"], env=env, stdout=log, stderr=log,
+            start_new_session=True,
+        )
+        return self
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as reply:
+                return reply.status, reply.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.alive(), f"worker exited early; log:\n{self.log_tail()}"
+            try:
+                if self.get("/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"worker not ready after {timeout}s; log:\n{self.log_tail()}")
+
+    def metric(self, name: str) -> float:
+        total = 0.0
+        for line in self.get("/metrics")[1].decode().splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            raise
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text("utf-8", "replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+async def produce(broker: Broker, topic: str,
+                  records: Iterable[tuple[bytes | None, bytes, list[Header]]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        for key, value, headers in records:
+            await producer.send(topic, value, key=key, headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def read_topic(broker: Broker, topic: str, *, until: int, timeout: float = 120,
+                     committed_only: bool = False, settle: float = 0.0) -> list[ConsumerRecord]:
+    """Every record from the beginning, until `until` records arrived (then `settle` s more)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=broker.bootstrap_servers,
+        isolation_level="read_committed" if committed_only else "read_uncommitted",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    records: list[ConsumerRecord] = []
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        while not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        await consumer.seek_to_beginning(*assigned)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        settle_until: float | None = None
+        while loop.time() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for messages in batch.values():
+                records.extend(messages)
+            if len(records) >= until and settle_until is None:
+                settle_until = loop.time() + settle
+            if settle_until is not None and loop.time() >= settle_until:
+                break
+    finally:
+        await consumer.stop()
+    return records

@@ -1,0 +1,1 @@
+"""The Kafka shell around the engine: the handler is broker-free, the rest is transport."""

@@ -1,0 +1,1 @@
+"""Metrics, health endpoints and structured logs, apart from the delivery code."""

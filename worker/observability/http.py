@@ -1,0 +1,47 @@
+"""GET /metrics (Prometheus text), /health (the loop answers) and /ready (can work)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from worker.observability.metrics import Metrics
+
+
+class HealthServer:
+    def __init__(self, metrics: Metrics, ready: Callable[[], bool], host: str, port: int) -> None:
+        self._metrics = metrics
+        self._ready = ready
+        self._host = host
+        self._port = port
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def _metrics_page(self, _: web.Request) -> web.Response:
+        body = self._metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readiness(self, _: web.Request) -> web.Response:
+        ready = self._ready()
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics_page)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._readiness)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else self._port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

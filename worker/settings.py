@@ -1,0 +1,78 @@
+"""Every knob of the worker, read once from the environment (prefix ASSEMBLER_).
+
+Invalid settings fail at start with one message naming each bad variable.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.codec import Limits
+
+
+class SettingsError(ValueError):
+    pass
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ASSEMBLER_", frozen=True, extra="ignore")
+
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", min_length=1)
+    input_topic: str = "retrieval.results"
+    prompts_topic: str = "prompts.assembled"
+    audit_topic: str = "context.audit"
+    dlq_topic: str = "retrieval.results.dlq"
+    group_id: str = "context-assembler"
+    policy_file: str | None = Field(default=None, description="TOML file or preset name.")
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    transactional_id: str | None = Field(
+        default=None,
+        description="exactly_once only; stable per replica so a restart fences its zombie. "
+        "Default: <group_id>-<hostname>.",
+    )
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    max_chunks: int = Field(default=2000, ge=1)
+    max_chunk_chars: int = Field(default=100_000, ge=1)
+    max_question_chars: int = Field(default=20_000, ge=1)
+    retry_backoff_max_seconds: float = Field(default=5.0, gt=0)
+    session_timeout_seconds: float = Field(
+        default=10.0, ge=6, le=300, description="How long a silent replica keeps its partitions."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _distinct_topics(self) -> Settings:
+        topics = [self.input_topic, self.prompts_topic, self.audit_topic, self.dlq_topic]
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"input, prompts, audit and dlq topics must differ: {topics}")
+        return self
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            max_event_bytes=self.max_event_bytes,
+            max_chunks=self.max_chunks,
+            max_chunk_chars=self.max_chunk_chars,
+            max_question_chars=self.max_question_chars,
+        )
+
+    @property
+    def effective_transactional_id(self) -> str:
+        return self.transactional_id or f"{self.group_id}-{socket.gethostname()}"
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as error:
+        problems = "; ".join(
+            f"ASSEMBLER_{'_'.join(str(p) for p in e['loc']).upper() or '(settings)'}: {e['msg']}"
+            for e in error.errors()
+        )
+        raise SettingsError(f"invalid settings: {problems}") from None
