@@ -2,49 +2,26 @@
 
 from __future__ import annotations
 
-import io
 import json
-import time
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.factories import EXAMPLES
 from tests.support.broker import Broker
-from tests.support.worker import Topics, WorkerProcess, produce, read_topic
-from worker import filemode
-from worker.codec import Limits
-from worker.engine.policy import Policy
-from worker.policies import PolicyRegistry
+from tests.support.worker import (
+    Topics,
+    WorkerProcess,
+    events,
+    file_mode,
+    keyed,
+    produce,
+    read_topic,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def events(count: int) -> list[bytes]:
-    """`count` distinct requests cycling through the shipped examples."""
-    examples = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
-    out = []
-    for n in range(count):
-        event = json.loads(examples[n % len(examples)])
-        event["request_id"] = f"{event['request_id']}-{n:04d}"
-        out.append(orjson.dumps(event))
-    return out
-
-
-def file_mode(lines: list[bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    prompts, audits = io.BytesIO(), io.BytesIO()
-    filemode.run([("events", io.BytesIO(b"\n".join(lines)))], PolicyRegistry(Policy()), Limits(),
-                 prompts=prompts, audits=audits, errors=io.BytesIO())
-    def by_id(data: bytes) -> dict[str, bytes]:
-        return {json.loads(line)["request_id"]: line for line in data.splitlines()}
-    return by_id(prompts.getvalue()), by_id(audits.getvalue())
-
-
-def keyed(lines: list[bytes], headers: list[tuple[str, bytes]] | None = None
-          ) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]:
-    return [(json.loads(line)["request_id"].encode(), line, headers or []) for line in lines]
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
@@ -121,17 +98,6 @@ async def test_bad_input_goes_to_the_dead_letter_topic_and_the_stream_goes_on(
         assert worker.metric("context_assembler_dlq_records_total") == len(bad)
     finally:
         worker.stop()
-
-
-async def wait_for(predicate: object, timeout: float = 60) -> None:
-    import asyncio
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError("condition not met")
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])

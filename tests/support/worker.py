@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
 import signal
 import socket
@@ -12,14 +14,20 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from tests.factories import EXAMPLES
 from tests.support.broker import Broker
+from worker import filemode
+from worker.codec import Limits
+from worker.engine.policy import Policy
+from worker.policies import PolicyRegistry
 
 Header = tuple[str, bytes]
 
@@ -176,3 +184,39 @@ async def read_topic(broker: Broker, topic: str, *, until: int, timeout: float =
     finally:
         await consumer.stop()
     return records
+
+
+def events(count: int) -> list[bytes]:
+    """`count` distinct requests cycling through the shipped examples."""
+    examples = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
+    out = []
+    for n in range(count):
+        event = json.loads(examples[n % len(examples)])
+        event["request_id"] = f"{event['request_id']}-{n:04d}"
+        out.append(orjson.dumps(event))
+    return out
+
+
+def file_mode(lines: list[bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    prompts, audits = io.BytesIO(), io.BytesIO()
+    filemode.run([("events", io.BytesIO(b"\n".join(lines)))], PolicyRegistry(Policy()), Limits(),
+                 prompts=prompts, audits=audits, errors=io.BytesIO())
+
+    def by_id(data: bytes) -> dict[str, bytes]:
+        return {json.loads(line)["request_id"]: line for line in data.splitlines()}
+    return by_id(prompts.getvalue()), by_id(audits.getvalue())
+
+
+def keyed(lines: list[bytes], headers: list[tuple[str, bytes]] | None = None
+          ) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]:
+    return [(json.loads(line)["request_id"].encode(), line, headers or []) for line in lines]
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 60) -> None:
+    """Poll until `predicate()` holds (a metric, a count); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError("condition not met")

@@ -1,8 +1,9 @@
 """Exactly-once delivery on aiokafka's transactional producer.
 
-faust's own exactly_once is broken for this app (faust-streaming #440: KeyError at start
-for apps without tables; also #517, #323; `tests/integration/test_faust_exactly_once.py`
-shows the failure). Here each batch is one Kafka transaction: the prompts, the audits,
+faust's own exactly_once does not hold for this app: killed mid-stream and restarted, it
+published records that read_committed readers saw twice (205 duplicates for 2,000 inputs
+in our run; faust-streaming #517, #177). `tests/integration/test_faust_exactly_once.py`
+keeps that evidence. Here each batch is one Kafka transaction: the prompts, the audits,
 the dead letters and the consumed offsets commit together or not at all, and readers with
 isolation_level=read_committed see every request answered once.
 

@@ -1,0 +1,71 @@
+import json
+import logging
+import urllib.error
+import urllib.request
+
+from tests.factories import EXAMPLES
+from worker.codec import Limits
+from worker.engine.policy import Policy
+from worker.kafka.records import Origin, handle
+from worker.observability.http import HealthServer
+from worker.observability.logs import JsonFormatter
+from worker.observability.metrics import Metrics
+from worker.policies import PolicyRegistry
+
+
+def outcome(raw: bytes):  # type: ignore[no-untyped-def]
+    return handle(raw, Origin("in", 0, 0, None, (), None), registry=PolicyRegistry(Policy()),
+                  limits=Limits(), topics=("p", "a", "d"), worker="w")
+
+
+def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float:
+    value = metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def test_metrics_count_events_drops_tokens_and_dead_letters() -> None:
+    metrics = Metrics()
+    good = (EXAMPLES / "events.jsonl").read_bytes().splitlines()[1]  # q30-customer
+    metrics.observe(outcome(good), 0.002)
+    metrics.observe(outcome(b"{bad"), 0.0001)
+    assert sample(metrics, "context_assembler_events_total", {"outcome": "assembled"}) == 1
+    assert sample(metrics, "context_assembler_events_total", {"outcome": "rejected"}) == 1
+    assert sample(metrics, "context_assembler_chunks_total", {"decision": "access_denied"}) == 1
+    assert sample(metrics, "context_assembler_chunks_total", {"decision": "kept"}) == 3
+    assert sample(metrics, "context_assembler_dlq_records_total", {"reason": "json"}) == 1
+    assert sample(metrics, "context_assembler_tokens_total", {"part": "context"}) > 0
+    assert sample(metrics, "context_assembler_assembly_duration_seconds_count") == 2
+
+
+async def test_http_endpoints() -> None:
+    import asyncio
+
+    metrics = Metrics()
+    ready = {"now": False}
+    server = HealthServer(metrics, lambda: ready["now"], "127.0.0.1", 0)
+    await server.start()
+
+    def get(path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}") as reply:
+                return reply.status, reply.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    try:
+        assert (await asyncio.to_thread(get, "/health"))[0] == 200
+        assert (await asyncio.to_thread(get, "/ready"))[0] == 503
+        ready["now"] = True
+        assert (await asyncio.to_thread(get, "/ready"))[0] == 200
+        status, body = await asyncio.to_thread(get, "/metrics")
+        assert status == 200 and b"context_assembler_events_total" in body
+    finally:
+        await server.stop()
+
+
+def test_log_lines_are_json_with_the_extra_fields() -> None:
+    record = logging.LogRecord("w", logging.WARNING, __file__, 1, "rejected %s", ("x",), None)
+    record.request_id = "r1"
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "rejected x" and entry["request_id"] == "r1"
+    assert entry["level"] == "WARNING"

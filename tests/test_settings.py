@@ -1,0 +1,35 @@
+import pytest
+
+from tests.deploy.test_manifests import KNOWN_SETTINGS
+from worker.settings import Settings, SettingsError, load_settings
+
+
+def test_settings_come_from_assembler_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASSEMBLER_BOOTSTRAP_SERVERS", "k1:9092,k2:9092")
+    monkeypatch.setenv("ASSEMBLER_PROCESSING_GUARANTEE", "exactly_once")
+    monkeypatch.setenv("ASSEMBLER_MAX_CHUNKS", "50")
+    settings = load_settings()
+    assert settings.bootstrap_servers == "k1:9092,k2:9092"
+    assert settings.processing_guarantee == "exactly_once"
+    assert settings.limits.max_chunks == 50
+    assert settings.effective_transactional_id.startswith("context-assembler-")
+
+
+def test_invalid_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASSEMBLER_PROCESSING_GUARANTEE", "maybe_once")
+    monkeypatch.setenv("ASSEMBLER_HTTP_PORT", "99999")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "ASSEMBLER_PROCESSING_GUARANTEE" in str(caught.value)
+    assert "ASSEMBLER_HTTP_PORT" in str(caught.value)
+
+
+def test_topics_must_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASSEMBLER_DLQ_TOPIC", "retrieval.results")
+    with pytest.raises(SettingsError, match="must differ"):
+        load_settings()
+
+
+def test_every_setting_the_manifests_use_exists() -> None:
+    fields = {f"ASSEMBLER_{name.upper()}" for name in Settings.model_fields}
+    assert set(KNOWN_SETTINGS) <= fields
