@@ -36,6 +36,9 @@ schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yam
 bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline, side by side
 	$(BIN)/python -m bench.engine_bench
 
+bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a real broker
+	$(BIN)/python -m bench.kafka_bench
+
 broker-start: $(BIN)/context-assembler  ## a local Kafka broker for development (.kafka/dev)
 	PYTHON=$(BIN)/python bash scripts/kafka.sh start .kafka/dev
 

@@ -30,9 +30,10 @@ CHANNELS = {
     "context.audit": ("send", "assembly-audit", "What was kept and dropped, and why."),
     "retrieval.results.dlq": (
         "send",
-        "error-record",
-        "Inputs that could not be assembled: original bytes and headers, plus "
-        "__connect.errors.* headers naming the origin and the error.",
+        "dead-letter",
+        "Inputs that could not be assembled: the original key, bytes and headers, plus Kafka "
+        "Connect's __connect.errors.* headers naming the origin (topic, partition, offset), "
+        "the stage and the error. The file mode writes an ErrorRecord line instead.",
     ),
 }
 
@@ -41,11 +42,28 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     return {name: model.model_json_schema() for name, model in RECORDS.items()}
 
 
+DEAD_LETTER_HEADERS = [
+    "topic", "partition", "offset", "connector.name", "stage", "class.name",
+    "exception.class.name", "exception.message",
+]
+
+
 def asyncapi() -> dict[str, Any]:
-    messages = {
+    messages: dict[str, Any] = {
         name: {"name": name, "contentType": "application/json",
                "payload": {"$ref": f"./{name}.schema.json"}}
         for name in RECORDS
+    }
+    messages["dead-letter"] = {
+        "name": "dead-letter",
+        "contentType": "application/octet-stream",
+        "payload": {"description": "The rejected input, byte for byte."},
+        "headers": {
+            "type": "object",
+            "properties": {
+                f"__connect.errors.{name}": {"type": "string"} for name in DEAD_LETTER_HEADERS
+            },
+        },
     }
     channels = {
         topic: {

@@ -56,3 +56,10 @@ def test_an_unknown_policy_is_a_transformation_error() -> None:
     raw = orjson.dumps({"request_id": "r2", "question": "q", "policy": "nope"})
     (letter,) = run(raw).records
     assert dict(letter.headers)[f"{ERR}stage"] == b"TRANSFORMATION"
+
+
+def test_the_dead_letter_headers_are_the_ones_the_asyncapi_file_lists() -> None:
+    from schemas.generate import DEAD_LETTER_HEADERS
+
+    (letter,) = run(b"{bad").records
+    assert [k.removeprefix(ERR) for k, _ in letter.headers if k.startswith(ERR)] == DEAD_LETTER_HEADERS

@@ -67,6 +67,7 @@ class WorkerProcess:
     guarantee: str = "at_least_once"
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
+    module: str = "worker.cli"  # bench.passthrough: the same worker without the engine
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
@@ -85,7 +86,7 @@ class WorkerProcess:
         }
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker"], env=env, stdout=log, stderr=log,
+            [sys.executable, "-m", self.module, "worker"], env=env, stdout=log, stderr=log,
             start_new_session=True,
         )
         return self

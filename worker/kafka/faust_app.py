@@ -1,23 +1,30 @@
 """At-least-once delivery on faust-streaming.
 
 An input offset may be committed only after the prompt and the audit (or the dead letter)
-are acknowledged by the broker. faust acks an event when its agent moves on to the next
-one, or when the agent raises (faust-streaming #315), and with concurrency > 1 it can
-commit past an event still in flight (#606). So: one agent instance, the agent never
-raises for one event (bad input is an outcome, failed sends are retried until acked), and
-the next event is only taken once both records are acknowledged.
+are acknowledged by the broker. faust commits what was acked; it acks an event when its
+agent moves on or raises (faust-streaming #315), and with concurrency > 1 it can commit
+past an event still in flight (#606). So the agent reads a manual-ack stream (`noack`),
+never raises for one event (bad input is an outcome, a failed send is retried until it is
+acknowledged), and acks strictly in input order: an event is acked once its own records
+and those of every event before it are acknowledged. The next events are assembled while
+earlier ones are still being delivered, at most MAX_IN_FLIGHT at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
+from collections import deque
 from functools import partial
 
 import faust
+from faust.types import EventT
 
 from worker.kafka.pipeline import EventPipeline
 from worker.kafka.records import Origin, OutRecord
 from worker.settings import Settings
+
+MAX_IN_FLIGHT = 200
 
 
 def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
@@ -48,9 +55,26 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
             record.topic, record.key, record.value, None, timestamp, list(record.headers)
         )
 
+    async def deliver(records: tuple[OutRecord, ...], timestamp_ms: int | None) -> None:
+        await asyncio.gather(*(
+            pipeline.retry_forever(f"produce to {r.topic}", partial(send, r, timestamp_ms))
+            for r in records
+        ))
+
     @app.agent(source, concurrency=1)
     async def assemble(stream: faust.StreamT[bytes]) -> None:
-        async for event in stream.events():
+        in_flight: deque[tuple[EventT[bytes], asyncio.Task[None]]] = deque()
+        room = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+        def ack_delivered(_: object = None) -> None:
+            while in_flight and in_flight[0][1].done():
+                event, _task = in_flight.popleft()
+                event.ack()
+                room.release()
+
+        manual_acks = stream.noack()  # type: ignore[attr-defined]  # on Stream, not StreamT
+        async for event in manual_acks.events():
+            await room.acquire()
             message = event.message
             origin = Origin(
                 topic=message.topic,
@@ -61,9 +85,8 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
                 timestamp_ms=int(message.timestamp * 1000) if message.timestamp else None,
             )
             outcome = await pipeline.process(message.value or b"", origin)
-            for record in outcome.records:
-                await pipeline.retry_forever(
-                    f"produce to {record.topic}", partial(send, record, origin.timestamp_ms)
-                )
+            task = asyncio.create_task(deliver(outcome.records, origin.timestamp_ms))
+            in_flight.append((event, task))
+            task.add_done_callback(ack_delivered)
 
     return app

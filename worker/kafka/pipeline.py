@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from worker.kafka.records import Origin, Outcome, handle
+from worker.kafka.records import Handler, Origin, Outcome, handle
 from worker.observability.metrics import Metrics
 from worker.policies import PolicyRegistry
 from worker.settings import Settings
@@ -22,16 +22,23 @@ log = logging.getLogger("context_assembler.worker")
 
 
 class EventPipeline:
-    def __init__(self, settings: Settings, registry: PolicyRegistry, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: PolicyRegistry,
+        metrics: Metrics,
+        handler: Handler = handle,  # the benchmark swaps in a passthrough
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.metrics = metrics
+        self._handler = handler
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._topics = (settings.prompts_topic, settings.audit_topic, settings.dlq_topic)
 
     def _handle(self, raw: bytes, origin: Origin) -> tuple[Outcome, float]:
         started = time.perf_counter()
-        outcome = handle(
+        outcome = self._handler(
             raw,
             origin,
             registry=self.registry,

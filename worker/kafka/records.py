@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from worker.codec import Limits, RejectedInput, encode
 from worker.engine import Assembly
@@ -51,7 +52,7 @@ class OutRecord:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     records: tuple[OutRecord, ...]
-    assembly: Assembly | None  # None: the input went to the dead-letter topic
+    assembly: Assembly | None  # None when rejected (or for the benchmark's passthrough)
     rejected: RejectedInput | None
 
 
@@ -79,6 +80,19 @@ def dead_letter(
     )
     kept = tuple((k, v) for k, v in origin.headers if not k.startswith(ERR))
     return OutRecord(dlq_topic, origin.key, raw, kept + error_headers)
+
+
+class Handler(Protocol):
+    def __call__(
+        self,
+        raw: bytes,
+        origin: Origin,
+        *,
+        registry: PolicyRegistry,
+        limits: Limits,
+        topics: Sequence[str],
+        worker: str,
+    ) -> Outcome: ...
 
 
 def handle(

@@ -7,6 +7,7 @@ import logging
 import signal
 
 from worker.kafka.pipeline import EventPipeline
+from worker.kafka.records import Handler, handle
 from worker.observability import logs
 from worker.observability.http import HealthServer
 from worker.observability.metrics import Metrics
@@ -16,11 +17,11 @@ from worker.settings import Settings
 log = logging.getLogger("context_assembler.worker")
 
 
-def run_worker(settings: Settings) -> int:
+def run_worker(settings: Settings, handler: Handler = handle) -> int:
     logs.configure(settings.log_level)
     policy = load_policy(settings.policy_file)  # a bad policy stops the worker before it joins
     metrics = Metrics()
-    pipeline = EventPipeline(settings, PolicyRegistry(policy), metrics)
+    pipeline = EventPipeline(settings, PolicyRegistry(policy), metrics, handler)
     log.info(
         "starting", extra={"policy": policy.name, "policy_hash": policy.hash,
                            "guarantee": settings.processing_guarantee,

@@ -53,13 +53,14 @@ class Metrics:
 
     def observe(self, outcome: Outcome, seconds: float) -> None:
         self.latency.observe(seconds)
-        if outcome.assembly is None:
+        if outcome.rejected is not None:
             self.events.labels("rejected").inc()
-            reason = outcome.rejected.reason if outcome.rejected else "unknown"
-            self.dlq.labels(reason).inc()
+            self.dlq.labels(outcome.rejected.reason).inc()
+            return
+        self.events.labels("assembled").inc()
+        if outcome.assembly is None:  # the benchmark's passthrough
             return
         audit = outcome.assembly.audit
-        self.events.labels("assembled").inc()
         self.chunks.labels("kept").inc(len(audit.kept))
         for dropped in audit.dropped:
             self.chunks.labels(dropped.reason.value).inc()
