@@ -13,11 +13,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from schemas.models import AssemblyAudit
 from worker import __version__, filemode
 from worker.codec import Limits, RejectedInput, decode_event
 from worker.engine import PolicyError, assemble
 from worker.explain import SEED_BUDGETS, decision_table, sweep, sweep_chart, sweep_table
+from worker.kafka.reader import RangeError, parse_position, parse_time
 from worker.policies import PolicyRegistry, load_policy, preset_names
+from worker.settings import SettingsError
 
 
 def _limits(args: argparse.Namespace) -> Limits:
@@ -93,13 +96,52 @@ def _selected_events(args: argparse.Namespace) -> Iterator[tuple[str, bytes]]:
         raise LookupError(f"request {args.request_id!r} is not in {args.events}")
 
 
+def _recorded_audits(path: str) -> dict[str, AssemblyAudit]:
+    """request_id -> the last audit recorded for it in an audit JSONL file."""
+    with open(path, "rb") as stream:
+        audits = (AssemblyAudit.model_validate_json(line) for line in stream if line.strip())
+        return {audit.request_id: audit for audit in audits}
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     registry = PolicyRegistry(load_policy(args.policy))
+    if args.kafka:
+        return _explain_from_kafka(args, registry)
+    recorded = _recorded_audits(args.audit) if args.audit else {}
     for _, raw in _selected_events(args):
         event = decode_event(raw, _limits(args))
         policy = registry.resolve(event.policy, event.request_id)
-        print(decision_table(event, assemble(event, policy).audit, policy))
+        audit = recorded.get(event.request_id) or assemble(event, policy).audit
+        if args.audit and event.request_id not in recorded:
+            print(f"(no recorded audit for {event.request_id}: assembled now)", file=sys.stderr)
+        print(decision_table(event, audit, policy))
         print()
+    return 0
+
+
+def _explain_from_kafka(args: argparse.Namespace, registry: PolicyRegistry) -> int:
+    import asyncio
+
+    from worker.kafka.replay import find_recorded
+    from worker.settings import load_settings
+
+    if args.request_id is None:
+        raise LookupError("explain --kafka needs a REQUEST_ID")
+    settings = load_settings()
+    raw, audit_bytes, origin = asyncio.run(find_recorded(
+        args.bootstrap_servers or settings.bootstrap_servers,
+        args.audit_topic or settings.audit_topic,
+        args.request_id,
+        parse_time(args.from_time) if args.from_time else None,
+    ))
+    event = decode_event(raw, _limits(args))
+    audit = AssemblyAudit.model_validate_json(audit_bytes)
+    policy = registry.resolve(audit.policy.name if audit.policy.name in preset_names() else None)
+    print(f"input {origin}")
+    if policy.hash != audit.policy.hash:
+        print(f"(recorded under {audit.policy.hash}; tokens of dropped chunks are counted "
+              f"under {policy.name} {policy.hash})")
+    print(decision_table(event, audit, policy))
     return 0
 
 
@@ -142,27 +184,18 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
 def cmd_worker(_: argparse.Namespace) -> int:
     from worker.kafka.run import run_worker
-    from worker.settings import SettingsError, load_settings
+    from worker.settings import load_settings
 
-    try:
-        settings = load_settings()
-    except SettingsError as error:
-        print(f"context-assembler: {error}", file=sys.stderr)
-        return 2
-    return run_worker(settings)
+    return run_worker(load_settings())
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
     import asyncio
 
     from worker.kafka.produce import produce
-    from worker.settings import SettingsError, load_settings
+    from worker.settings import load_settings
 
-    try:
-        settings = load_settings()
-    except SettingsError as error:
-        print(f"context-assembler: {error}", file=sys.stderr)
-        return 2
+    settings = load_settings()
     servers = args.bootstrap_servers or settings.bootstrap_servers
     topic = args.topic or settings.input_topic
     with _inputs(args.files) as sources:
@@ -170,6 +203,64 @@ def cmd_produce(args: argparse.Namespace) -> int:
         sent = asyncio.run(produce(servers, topic, lines))
     print(f"sent {sent} events to {topic}", file=sys.stderr)
     return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from worker.kafka.replay import ReplayRequest, replay
+    from worker.settings import load_settings
+
+    if args.start and args.from_time:
+        raise RangeError("give --from or --from-time, not both")
+    settings = load_settings()
+    request = ReplayRequest(
+        bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
+        input_topic=args.input_topic or settings.input_topic,
+        prompts_topic=args.prompts_topic or settings.prompts_topic,
+        audit_topic=args.audit_topic or settings.audit_topic,
+        registry=PolicyRegistry(load_policy(args.policy or settings.policy_file)),
+        limits=_limits(args),
+        starts=[parse_position(p) for p in args.start],
+        from_ms=parse_time(args.from_time) if args.from_time else None,
+        ends=[parse_position(p) for p in args.to if _is_position(p)],
+        to_ms=next((parse_time(p) for p in args.to if not _is_position(p)), None),
+        count=args.count,
+        out=Path(args.out) if args.out else None,
+        audit_out=Path(args.audit) if args.audit else None,
+        errors_out=Path(args.errors) if args.errors else None,
+        to_topic=args.to_topic,
+        to_audit_topic=args.to_audit_topic,
+        compare=args.compare,
+    )
+
+    async def run() -> int:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+        report = await replay(request, stop)
+        rejected = sum(isinstance(r.result, str) for r in report.replayed)
+        for comparison in report.comparisons:
+            if comparison.status != "identical" or args.verbose:
+                print(comparison.render())
+        counts = {s: sum(c.status == s for c in report.comparisons)
+                  for s in ("identical", "different", "not published")}
+        summary = f"replayed {len(report.replayed)} events ({rejected} rejected)"
+        if request.compare:
+            summary += ": " + ", ".join(f"{n} {s}" for s, n in counts.items())
+        if report.interrupted:
+            summary += " (interrupted: the outputs hold the events replayed so far)"
+        print(summary)
+        if report.interrupted:
+            return 130
+        return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
+
+    return asyncio.run(run())
+
+
+def _is_position(text: str) -> bool:
+    partition, colon, offset = text.partition(":")
+    return bool(colon) and partition.isdigit() and offset.isdigit()
 
 
 def _add_limits(parser: argparse.ArgumentParser) -> None:
@@ -199,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="one table per request: kept, or dropped and why")
     explain.add_argument("request_id", nargs="?", help="only this request (default: all)")
     explain.add_argument("--events", default="-", help="RetrievalResult JSONL (default: stdin)")
+    explain.add_argument("--audit", help="AssemblyAudit JSONL: show the recorded decisions")
+    explain.add_argument("--kafka", action="store_true",
+                         help="find the audit on the audit topic and its input on the input topic")
+    explain.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
+    explain.add_argument("--audit-topic", help="default: ASSEMBLER_AUDIT_TOPIC")
+    explain.add_argument("--from-time", help="search audits from this ISO-8601 time on")
     explain.add_argument("--policy", help=policy_help)
     _add_limits(explain)
     explain.set_defaults(handler=cmd_explain)
@@ -221,6 +318,30 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--topic", help="default: ASSEMBLER_INPUT_TOPIC")
     send.set_defaults(handler=cmd_produce)
 
+    rerun = commands.add_parser(
+        "replay", help="re-assemble input events from the topic, optionally compare")
+    rerun.add_argument("--from", dest="start", action="append", default=[], metavar="P:OFFSET",
+                       help="start of one partition (repeatable)")
+    rerun.add_argument("--from-time", help="start of every partition at this ISO-8601 time")
+    rerun.add_argument("--to", action="append", default=[], metavar="P:OFFSET|TIME",
+                       help="end (exclusive): an offset of a partition, or an ISO-8601 time")
+    rerun.add_argument("--count", type=int, help="stop after this many events")
+    rerun.add_argument("--policy", help=policy_help + " (default: ASSEMBLER_POLICY_FILE)")
+    rerun.add_argument("--out", help="AssembledPrompt JSONL")
+    rerun.add_argument("--audit", help="AssemblyAudit JSONL")
+    rerun.add_argument("--errors", help="error records JSONL for rejected events")
+    rerun.add_argument("--to-topic", help="publish prompts here (one transaction)")
+    rerun.add_argument("--to-audit-topic", help="publish audits here (default: TO_TOPIC.audit)")
+    rerun.add_argument("--compare", action="store_true",
+                       help="compare with what the worker published; exit 0 only if identical")
+    rerun.add_argument("--verbose", action="store_true", help="list identical requests too")
+    rerun.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
+    rerun.add_argument("--input-topic", help="default: ASSEMBLER_INPUT_TOPIC")
+    rerun.add_argument("--prompts-topic", help="default: ASSEMBLER_PROMPTS_TOPIC")
+    rerun.add_argument("--audit-topic", help="default: ASSEMBLER_AUDIT_TOPIC")
+    _add_limits(rerun)
+    rerun.set_defaults(handler=cmd_replay)
+
     show = commands.add_parser("policy", help="print the resolved policy and its hash")
     show.add_argument("--policy", help=policy_help)
     show.set_defaults(handler=cmd_policy)
@@ -231,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         status: int = args.handler(args)
-    except (PolicyError, LookupError, OSError) as error:
+    except (PolicyError, LookupError, OSError, RangeError, SettingsError) as error:
         print(f"context-assembler: {error}", file=sys.stderr)
         return 2
     return status

@@ -1,0 +1,163 @@
+"""Read a range of a topic without a consumer group: assign, seek, never commit.
+
+Replay and explain use it; the worker's group and its committed offsets are never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+
+class RangeError(ValueError):
+    """A range that cannot be read as asked: no such topic, partition or offset."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """Offsets [start, end) of one partition."""
+
+    partition: int
+    start: int
+    end: int
+
+
+def parse_position(text: str) -> tuple[int, int]:
+    partition, _, offset = text.partition(":")
+    try:
+        return int(partition), int(offset)
+    except ValueError:
+        raise RangeError(f"{text!r}: expected PARTITION:OFFSET, e.g. 0:1200") from None
+
+
+def parse_time(text: str) -> int:
+    """ISO-8601 to epoch milliseconds (naive times are UTC)."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise RangeError(
+            f"{text!r}: expected an ISO-8601 time, e.g. 2026-11-29T17:30:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+class TopicReader:
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap_servers,
+            group_id=None,  # no group: nothing to join, nothing committed
+            enable_auto_commit=False,
+            auto_offset_reset="none",
+            isolation_level="read_committed",  # never an aborted transaction's records
+        )
+
+    async def __aenter__(self) -> TopicReader:
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self._consumer.stop()
+
+    async def partitions(self, topic: str) -> list[int]:
+        cluster = await self._consumer._client.fetch_all_metadata()  # every topic, fresh
+        found = cluster.partitions_for_topic(topic)
+        if not found:
+            raise RangeError(f"topic {topic!r} does not exist")
+        return sorted(found)
+
+    async def bounds(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+        """First and end (next) offset of each partition, as the broker sees them now."""
+        tps = [TopicPartition(topic, p) for p in partitions]
+        first = await self._consumer.beginning_offsets(tps)
+        end = await self._consumer.end_offsets(tps)
+        return {tp.partition: (first[tp], end[tp]) for tp in tps}
+
+    async def offsets_at(
+        self, topic: str, partitions: Sequence[int], when_ms: int
+    ) -> dict[int, int | None]:
+        """The first offset whose timestamp is >= when_ms (None: nothing that late)."""
+        found = await self._consumer.offsets_for_times(
+            {TopicPartition(topic, p): when_ms for p in partitions}
+        )
+        return {tp.partition: (None if hit is None else hit.offset) for tp, hit in found.items()}
+
+    async def spans(
+        self,
+        topic: str,
+        *,
+        starts: Sequence[tuple[int, int]] = (),
+        from_ms: int | None = None,
+        ends: Sequence[tuple[int, int]] = (),
+        to_ms: int | None = None,
+    ) -> list[Span]:
+        """Resolve --from/--from-time and --to/--to-time into checked offset spans."""
+        partitions = await self.partitions(topic)
+        bounds = await self.bounds(topic, partitions)
+        if starts:
+            chosen = {p: o for p, o in starts}
+        elif from_ms is not None:
+            at = await self.offsets_at(topic, partitions, from_ms)
+            chosen = {p: (bounds[p][1] if o is None else o) for p, o in at.items()}
+        else:
+            chosen = {p: bounds[p][0] for p in partitions}
+        unknown = sorted(set(chosen) - set(bounds))
+        if unknown:
+            raise RangeError(f"topic {topic!r} has no partition {unknown[0]} "
+                             f"(partitions: {', '.join(map(str, partitions))})")
+        stop = {p: bounds[p][1] for p in chosen}  # default: the end as of now
+        if to_ms is not None:
+            at = await self.offsets_at(topic, list(chosen), to_ms)
+            stop = {p: (bounds[p][1] if o is None else o) for p, o in at.items()}
+        for partition, offset in ends:
+            if partition not in chosen:
+                raise RangeError(f"--to {partition}:{offset} names a partition without a start")
+            stop[partition] = offset
+        spans = []
+        for partition, start in sorted(chosen.items()):
+            first, end = bounds[partition]
+            if start < first:
+                raise RangeError(
+                    f"{topic}/{partition}: offset {start} is before the first offset still "
+                    f"stored ({first}); the range was deleted by retention or compaction")
+            if start > end:
+                raise RangeError(f"{topic}/{partition}: offset {start} is past the end ({end})")
+            spans.append(Span(partition, start, min(max(stop[partition], start), end)))
+        return spans
+
+    async def read(self, topic: str, spans: Sequence[Span]) -> AsyncIterator[ConsumerRecord]:
+        """Records of the spans, each partition in offset order, partitions interleaved.
+
+        Offset gaps inside a span are normal (transaction markers, compaction); a span whose
+        first offset no longer exists is an error, since the record asked for is gone.
+        """
+        todo = {TopicPartition(topic, s.partition): s for s in spans if s.end > s.start}
+        if not todo:
+            return
+        self._consumer.assign(list(todo))
+        for tp, span in todo.items():
+            self._consumer.seek(tp, span.start)
+        started: set[TopicPartition] = set()
+        while todo:
+            batch = await self._consumer.getmany(*todo, timeout_ms=500)
+            for tp, records in batch.items():
+                if tp not in todo:
+                    continue
+                span = todo[tp]
+                for record in records:
+                    if record.offset >= span.end:
+                        break
+                    if tp not in started and record.offset != span.start:
+                        raise RangeError(
+                            f"{topic}/{tp.partition}: offset {span.start} no longer exists "
+                            f"(the next is {record.offset}): compacted or deleted")
+                    started.add(tp)
+                    yield record
+            for tp in list(todo):
+                if await self._consumer.position(tp) >= todo[tp].end:
+                    del todo[tp]
