@@ -6,33 +6,18 @@ beside the real worker to show what the engine costs on top of Kafka itself.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from worker.codec import Limits
-from worker.kafka.records import Origin, Outcome, OutRecord
+from worker.kafka.records import HandlerContext, Origin, Outcome, OutRecord
 from worker.kafka.run import run_worker
-from worker.policies import PolicyRegistry
 from worker.settings import load_settings
 
 
-def passthrough(
-    raw: bytes,
-    origin: Origin,
-    *,
-    registry: PolicyRegistry,
-    limits: Limits,
-    topics: Sequence[str],
-    worker: str,
-) -> Outcome:
-    prompts_topic, audit_topic, _ = topics
-    return Outcome(
-        (
-            OutRecord(prompts_topic, origin.key, raw, ()),
-            OutRecord(audit_topic, origin.key, raw, ()),
-        ),
-        None,
-        None,
+def passthrough(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
+    records = (
+        OutRecord(context.prompts_topic, origin.key, raw, ()),
+        OutRecord(context.audit_topic, origin.key, raw, ()),
     )
+    return Outcome(records, None, None)
 
 
 if __name__ == "__main__":

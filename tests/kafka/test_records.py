@@ -7,10 +7,11 @@ from tests.factories import EXAMPLES
 from worker.codec import Limits, encode
 from worker.engine import assemble
 from worker.engine.policy import Policy
-from worker.kafka.records import ERR, Origin, handle
+from worker.kafka.records import ERR, HandlerContext, Origin, Outcome, handle
 from worker.policies import PolicyRegistry
 
-TOPICS = ("prompts", "audit", "dlq")
+CONTEXT = HandlerContext(PolicyRegistry(Policy()), Limits(), "prompts", "audit", "dlq",
+                         "context-assembler")
 GOOD = (EXAMPLES / "events.jsonl").read_bytes().splitlines()[0]
 
 
@@ -18,9 +19,8 @@ def origin(headers: tuple[tuple[str, bytes], ...] = ()) -> Origin:
     return Origin("retrieval.results", 2, 41, b"q30-staff", headers, 1_700_000_000_000)
 
 
-def run(raw: bytes, headers: tuple[tuple[str, bytes], ...] = ()):  # type: ignore[no-untyped-def]
-    return handle(raw, origin(headers), registry=PolicyRegistry(Policy()), limits=Limits(),
-                  topics=TOPICS, worker="context-assembler")
+def run(raw: bytes, headers: tuple[tuple[str, bytes], ...] = ()) -> Outcome:
+    return handle(raw, origin(headers), CONTEXT)
 
 
 def test_a_good_event_gives_a_prompt_and_an_audit_with_the_file_modes_bytes() -> None:

@@ -6,16 +6,16 @@ import urllib.request
 from tests.factories import EXAMPLES
 from worker.codec import Limits
 from worker.engine.policy import Policy
-from worker.kafka.records import Origin, handle
+from worker.kafka.records import HandlerContext, Origin, Outcome, handle
 from worker.observability.http import HealthServer
 from worker.observability.logs import JsonFormatter
 from worker.observability.metrics import Metrics
 from worker.policies import PolicyRegistry
 
 
-def outcome(raw: bytes):  # type: ignore[no-untyped-def]
-    return handle(raw, Origin("in", 0, 0, None, (), None), registry=PolicyRegistry(Policy()),
-                  limits=Limits(), topics=("p", "a", "d"), worker="w")
+def outcome(raw: bytes) -> Outcome:
+    context = HandlerContext(PolicyRegistry(Policy()), Limits(), "p", "a", "d", "w")
+    return handle(raw, Origin("in", 0, 0, None, (), None), context)
 
 
 def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from worker.kafka.records import Handler, Origin, Outcome, handle
+from worker.kafka.records import Handler, HandlerContext, Origin, Outcome, handle
 from worker.observability.metrics import Metrics
 from worker.policies import PolicyRegistry
 from worker.settings import Settings
@@ -34,18 +34,14 @@ class EventPipeline:
         self.metrics = metrics
         self._handler = handler
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._topics = (settings.prompts_topic, settings.audit_topic, settings.dlq_topic)
+        self._context = HandlerContext(
+            registry, settings.limits, settings.prompts_topic, settings.audit_topic,
+            settings.dlq_topic, settings.group_id,
+        )
 
     def _handle(self, raw: bytes, origin: Origin) -> tuple[Outcome, float]:
         started = time.perf_counter()
-        outcome = self._handler(
-            raw,
-            origin,
-            registry=self.registry,
-            limits=self.settings.limits,
-            topics=self._topics,
-            worker=self.settings.group_id,
-        )
+        outcome = self._handler(raw, origin, self._context)
         return outcome, time.perf_counter() - started
 
     async def process(self, raw: bytes, origin: Origin) -> Outcome:

@@ -6,9 +6,8 @@ without a broker, and both delivery paths (faust, transactional aiokafka) share 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from worker.codec import Limits, RejectedInput, encode
 from worker.engine import Assembly
@@ -82,34 +81,28 @@ def dead_letter(
     return OutRecord(dlq_topic, origin.key, raw, kept + error_headers)
 
 
-class Handler(Protocol):
-    def __call__(
-        self,
-        raw: bytes,
-        origin: Origin,
-        *,
-        registry: PolicyRegistry,
-        limits: Limits,
-        topics: Sequence[str],
-        worker: str,
-    ) -> Outcome: ...
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What every event of one worker (or one replay) is handled with."""
+
+    registry: PolicyRegistry
+    limits: Limits
+    prompts_topic: str
+    audit_topic: str
+    dlq_topic: str
+    worker: str  # named in dead letters as __connect.errors.connector.name
 
 
-def handle(
-    raw: bytes,
-    origin: Origin,
-    *,
-    registry: PolicyRegistry,
-    limits: Limits,
-    topics: Sequence[str],
-    worker: str,
-) -> Outcome:
-    """`topics` = (prompts, audit, dlq). Never raises for bad input: that is an outcome."""
-    prompts_topic, audit_topic, dlq_topic = topics
+Handler = Callable[[bytes, Origin, HandlerContext], Outcome]
+
+
+def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
+    """Never raises for bad input: a dead letter is an outcome like any other."""
     try:
-        assembly = assemble_bytes(raw, registry, limits)
+        assembly = assemble_bytes(raw, context.registry, context.limits)
     except RejectedInput as rejected:
-        return Outcome((dead_letter(origin, raw, rejected, dlq_topic, worker),), None, rejected)
+        letter = dead_letter(origin, raw, rejected, context.dlq_topic, context.worker)
+        return Outcome((letter,), None, rejected)
     headers: Headers = (
         (SOURCE_TOPIC, origin.topic.encode()),
         (SOURCE_PARTITION, str(origin.partition).encode()),
@@ -121,8 +114,8 @@ def handle(
     key = assembly.prompt.request_id.encode()
     return Outcome(
         (
-            OutRecord(prompts_topic, key, encode(assembly.prompt), headers),
-            OutRecord(audit_topic, key, encode(assembly.audit), headers),
+            OutRecord(context.prompts_topic, key, encode(assembly.prompt), headers),
+            OutRecord(context.audit_topic, key, encode(assembly.audit), headers),
         ),
         assembly,
         None,

@@ -24,7 +24,14 @@ from aiokafka import AIOKafkaProducer
 from worker.codec import Limits, encode
 from worker.compare import Comparison, compare
 from worker.kafka.reader import Span, TopicReader
-from worker.kafka.records import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC, Origin, handle
+from worker.kafka.records import (
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TOPIC,
+    HandlerContext,
+    Origin,
+    handle,
+)
 from worker.policies import PolicyRegistry
 
 Coordinates = tuple[int, int]  # input partition, offset
@@ -69,12 +76,12 @@ class ReplayReport:
 class Progress:
     """A one-line progress bar with rate and ETA, only when stderr is a terminal."""
 
-    def __init__(self, total: int, stream: BinaryIO | None = None) -> None:
+    def __init__(self, total: int) -> None:
         self.total = total
         self.done = 0
         self._started = time.monotonic()
         self._shown = 0.0
-        self._enabled = sys.stderr.isatty() if stream is None else False
+        self._enabled = sys.stderr.isatty()
 
     def step(self) -> None:
         self.done += 1
@@ -169,8 +176,10 @@ async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
             )
             await producer.start()
             await producer.begin_transaction()
-        topics = (request.to_topic or request.prompts_topic,
-                  request.to_audit_topic or f"{request.to_topic}.audit", "dead-letters")
+        context = HandlerContext(
+            request.registry, request.limits, request.to_topic or request.prompts_topic,
+            request.to_audit_topic or f"{request.to_topic}.audit", "dead-letters", "replay",
+        )
         try:
             with atomic_outputs([request.out, request.audit_out, request.errors_out]) as files:
                 prompts_file, audits_file, errors_file = files
@@ -178,8 +187,7 @@ async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
                     origin = Origin(record.topic, record.partition, record.offset, record.key,
                                     tuple(record.headers), record.timestamp)
                     raw = record.value or b""
-                    outcome = handle(raw, origin, registry=request.registry,
-                                     limits=request.limits, topics=topics, worker="replay")
+                    outcome = handle(raw, origin, context)
                     if outcome.assembly is not None:
                         prompt, audit = (encode(outcome.assembly.prompt),
                                          encode(outcome.assembly.audit))
