@@ -1,6 +1,8 @@
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.engine.cache import BoundedCache
 from worker.engine.tokens import CharsPerFour, WordsTimesOnePointThree, get_counter
@@ -89,3 +91,15 @@ def test_bundled_vocabulary_is_placed_in_an_empty_cache(
     import pathlib
 
     assert len(list(pathlib.Path(str(tmp_path)).iterdir())) == 1
+
+
+PIECES = [*"ab Z9.,:[]()<>/\n\t -'é中", "  ", "\n\n", "'s", "[S1]", "</documents>"]
+TRICKY = st.lists(st.sampled_from(PIECES), max_size=20).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(TRICKY, max_size=8), st.sampled_from(["cl100k_base", "o200k_base"]))
+def test_counting_in_parts_is_exact(parts: list[str], encoding: str) -> None:
+    """The prompt is counted from cached parts; that must equal counting it whole."""
+    counter = get_counter(encoding)  # type: ignore[arg-type]
+    assert counter.count_parts(parts) == counter.count("".join(parts))

@@ -1,8 +1,9 @@
 """A bounded, thread-safe LRU cache keyed by a 128-bit hash of the text.
 
-Popular chunks recur across requests; counting their tokens or splitting their words once
-is the main saving of the engine. The lock makes one cache safe to share between worker
-threads and asyncio tasks (all engine calls are synchronous).
+Popular chunks recur across requests; counting their tokens once is the main saving of the
+engine, and keys of 128 bits keep the texts themselves out of memory. The lock makes one
+cache safe to share between worker threads and asyncio tasks (all engine calls are
+synchronous).
 """
 
 from __future__ import annotations

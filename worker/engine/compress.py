@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from worker.engine.words import WORD
+from worker.engine.words import words
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 ELISION = "…"
@@ -21,7 +21,7 @@ _STOPWORDS = frozenset(
 
 
 def content_words(text: str) -> frozenset[str]:
-    return frozenset(w for w in WORD.findall(text.lower()) if w not in _STOPWORDS)
+    return frozenset(words(text)) - _STOPWORDS
 
 
 def sentences(text: str) -> list[str]:

@@ -8,26 +8,28 @@ default, so the best-ranked copy wins.
 Two chunks of one document are never merged unless the policy says so: versions 3 and 4
 of a returns policy differ in the one number that is the answer.
 
-Near-duplicates use an exact prefix-filter join against the kept chunks (Bayardo et al.,
-"Scaling up all pairs similarity search"): two word sets with Jaccard >= t must share a
-word among the first |x| - ceil(t*|x|) + 1 words of each in any fixed order, so each
-candidate is verified against a handful of kept chunks, not all of them.
+Near-duplicates: while few chunks are kept, a candidate is compared with each of them. Against
+many, an exact prefix filter (Bayardo et al., "Scaling up all pairs similarity search")
+narrows them down: two word sets with Jaccard >= t must share a word among the first
+|x| - ceil(t*|x|) + 1 words of each in any fixed order (here: sorted).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
 from schemas.models import DroppedChunk, DropReason
-from worker.engine.cache import text_key
 from worker.engine.candidate import Candidate
 from worker.engine.policy import DedupPolicy
-from worker.engine.words import WordProfile, jaccard, word_profile
+from worker.engine.words import jaccard_at_least, word_set
 
 _EPSILON = 1e-9  # float slack: 0.9 * 10 must count as 9, not 9.000000000000002
+SCAN_LIMIT: Final = 32  # up to this many kept chunks, comparing with each is cheapest
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,52 +83,62 @@ class CopyDetector:
 
     def __init__(self, policy: DedupPolicy) -> None:
         self._policy = policy
-        self._kept_by_text: dict[int, list[Candidate]] = {}
-        self._kept_by_prefix_word: dict[str, list[tuple[Candidate, WordProfile]]] = {}
+        self._kept_by_text: dict[str, list[Candidate]] = {}
+        self._kept_words: list[tuple[Candidate, frozenset[str]]] = []
+        self._kept_by_prefix_word: dict[str, list[tuple[Candidate, frozenset[str]]]] = {}
+        self._indexed = 0  # the prefix index holds the first this many of `_kept_words`
         self._kept_vectors: list[tuple[Candidate, np.ndarray]] = []
 
     def _may_merge(self, a: Candidate, b: Candidate) -> bool:
         return self._policy.same_document == "dedup" or a.chunk.document != b.chunk.document
 
-    def _profile(self, candidate: Candidate) -> WordProfile:
-        return word_profile(candidate.chunk.text, drop_title_line=self._policy.drop_title_line)
+    def _words(self, candidate: Candidate) -> frozenset[str]:
+        return word_set(candidate.chunk.text, drop_title_line=self._policy.drop_title_line)
 
-    def _prefix(self, profile: WordProfile) -> tuple[str, ...]:
-        size = len(profile.words)
-        return profile.ordered[: prefix_length(size, self._policy.near_threshold)]
+    def _prefix(self, words: frozenset[str]) -> list[str]:
+        return sorted(words)[: prefix_length(len(words), self._policy.near_threshold)]
 
     def find_twin(self, candidate: Candidate) -> Twin | None:
-        for kept in self._kept_by_text.get(text_key(candidate.chunk.text), ()):
+        for kept in self._kept_by_text.get(candidate.chunk.text, ()):
             if self._may_merge(kept, candidate):
                 return Twin(kept, DropReason.DUPLICATE, 1.0, "identical text")
-        best = self._near_twin(candidate)
-        if best is None:
+        best = self._near_twin(candidate) if self._kept_words else None  # empty unless near
+        if best is None and self._kept_vectors:
             best = self._cosine_twin(candidate)
         return best
 
+    def _near_pool(self, words: frozenset[str]) -> Iterable[tuple[Candidate, frozenset[str]]]:
+        """The kept chunks worth comparing: all of a few, or those sharing a prefix word."""
+        if len(self._kept_words) <= SCAN_LIMIT:
+            return self._kept_words
+        for entry in self._kept_words[self._indexed :]:
+            for word in self._prefix(entry[1]):
+                self._kept_by_prefix_word.setdefault(word, []).append(entry)
+        self._indexed = len(self._kept_words)
+        return {
+            entry[0].rank: entry
+            for word in self._prefix(words)
+            for entry in self._kept_by_prefix_word.get(word, ())
+        }.values()
+
     def _near_twin(self, candidate: Candidate) -> Twin | None:
-        if not self._policy.near:
-            return None
-        profile = self._profile(candidate)
-        size = len(profile.words)
+        words = self._words(candidate)
+        size = len(words)
         if size == 0:
             return None
         threshold = self._policy.near_threshold
         best: Twin | None = None
-        checked: set[int] = set()
-        for word in self._prefix(profile):
-            for kept, kept_profile in self._kept_by_prefix_word.get(word, ()):
-                if kept.rank in checked or (best is not None and kept.rank > best.kept.rank):
-                    continue
-                checked.add(kept.rank)
-                other = len(kept_profile.words)
-                if min(size, other) < threshold * max(size, other) - _EPSILON:
-                    continue  # sizes alone rule it out
-                if not self._may_merge(kept, candidate):
-                    continue
-                similarity = jaccard(profile.words, kept_profile.words)
-                if similarity >= threshold - _EPSILON:
-                    best = Twin(kept, DropReason.NEAR_DUPLICATE, similarity, "jaccard")
+        for kept, kept_words in self._near_pool(words):
+            if best is not None and kept.rank > best.kept.rank:
+                continue
+            other = len(kept_words)
+            if min(size, other) < threshold * max(size, other) - _EPSILON:
+                continue  # sizes alone rule it out
+            if not self._may_merge(kept, candidate):
+                continue
+            similarity = jaccard_at_least(words, kept_words, threshold - _EPSILON)
+            if similarity:  # a chunk that shares no word is no copy, even at a threshold of ~0
+                best = Twin(kept, DropReason.NEAR_DUPLICATE, similarity, "jaccard")
         return best
 
     def _vector(self, candidate: Candidate) -> np.ndarray | None:
@@ -150,11 +162,9 @@ class CopyDetector:
         return None
 
     def add_kept(self, candidate: Candidate) -> None:
-        self._kept_by_text.setdefault(text_key(candidate.chunk.text), []).append(candidate)
+        self._kept_by_text.setdefault(candidate.chunk.text, []).append(candidate)
         if self._policy.near:
-            profile = self._profile(candidate)
-            for word in self._prefix(profile):
-                self._kept_by_prefix_word.setdefault(word, []).append((candidate, profile))
+            self._kept_words.append((candidate, self._words(candidate)))
         vector = self._vector(candidate)
         if vector is not None:
             self._kept_vectors.append((candidate, vector))

@@ -8,6 +8,7 @@ or a random source, so the same event and policy give the same bytes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schemas.models import (
@@ -48,8 +49,15 @@ class Assembly:
     audit: AssemblyAudit
 
 
-def _prompt_tokens(messages: list[Message], counter: TokenCounter, overhead: int) -> int:
-    return sum(budgets.message_tokens(m, counter, overhead) for m in messages)
+def _prompt_tokens(
+    history: Sequence[Message], user_parts: list[str], policy: Policy, counter: TokenCounter
+) -> int:
+    """The exact count of `render.messages`: system prompt, history and the user message,
+    counted from its parts (mostly cached), each with the chat overhead."""
+    overhead = policy.budget.message_overhead
+    earlier = [policy.render.system_prompt, *(turn.content for turn in history)]
+    earlier_tokens = sum(counter.count(text) + overhead for text in earlier)
+    return earlier_tokens + counter.count_parts(user_parts) + overhead
 
 
 def _source(item: Packed) -> str:
@@ -59,7 +67,6 @@ def _source(item: Packed) -> str:
 
 def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
     counter = get_counter(policy.tokenizer.encoding)
-    overhead = policy.budget.message_overhead
     style, scheme = policy.render.header, policy.render.labels
 
     candidates = [Candidate(rank, chunk) for rank, chunk in enumerate(event.chunks, start=1)]
@@ -69,17 +76,22 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
     passed, repeated = drop_repeated_ids(passed)
     dropped += repeated
 
-    empty_prompt = render.messages(event.question, (), (), policy.render)
+    bare = render.user_parts(event.question, (), policy.render)  # no passages, no history
     plan = budgets.plan(
-        policy.budget, counter, _prompt_tokens(empty_prompt, counter, overhead), event.history
+        policy.budget, counter, _prompt_tokens((), bare, policy, counter), event.history
     )
 
     # Numbered labels are issued after ordering; cost each passage with the widest one.
     widest = render.label_for(scheme, max(1, len(passed)), "")
+    costs: dict[tuple[int, str], int] = {}
 
     def cost(candidate: Candidate, text: str) -> int:
-        label = candidate.chunk.chunk_id if scheme == "chunk_id" else widest
-        return counter.count(render.passage(candidate.chunk, text, label, style))
+        """Packing may ask twice (density, the over-budget detail): render and count once."""
+        key = (candidate.rank, text)
+        if key not in costs:
+            label = candidate.chunk.chunk_id if scheme == "chunk_id" else widest
+            costs[key] = counter.count(render.passage(candidate.chunk, text, label, style))
+        return costs[key]
 
     def shrink(candidate: Candidate) -> str | None:
         return extract_relevant(
@@ -108,8 +120,8 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
             render.passage(item.candidate.chunk, item.text, label, style)
             for item, label in zip(ordered, labels, strict=True)
         ]
-        messages = render.messages(event.question, plan.history, passages, policy.render)
-        prompt_tokens = _prompt_tokens(messages, counter, overhead)
+        user_parts = render.user_parts(event.question, passages, policy.render)
+        prompt_tokens = _prompt_tokens(plan.history, user_parts, policy, counter)
         if plan.prompt_limit is None or prompt_tokens <= plan.prompt_limit:
             break
         if not kept:
@@ -125,6 +137,7 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
             f"the whole prompt would exceed window - max_output = {plan.prompt_limit} tokens",
         ))
 
+    messages = render.messages(event.question, plan.history, passages, policy.render)
     passage_tokens = [counter.count(text) for text in passages]
     policy_ref = PolicyRef(name=policy.name, hash=policy.hash)
     tokens = TokenUsage(

@@ -8,6 +8,7 @@ under the same rules.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from typing import Any, Literal
 
 import orjson
@@ -109,11 +110,21 @@ class Policy(_Section):
 
     @property
     def hash(self) -> str:
-        """sha256 of the canonical JSON of every rule (the name is not a rule)."""
-        canonical = orjson.dumps(
-            self.model_dump(mode="json", exclude={"name"}), option=orjson.OPT_SORT_KEYS
-        )
-        return "sha256:" + hashlib.sha256(canonical).hexdigest()[:16]
+        """sha256 of the canonical JSON of every rule (the name is not a rule).
+
+        Worked out once per policy object: a policy is frozen, and a copy is another object.
+        """
+        known = _HASHES.get(id(self))
+        if known is None:
+            canonical = orjson.dumps(
+                self.model_dump(mode="json", exclude={"name"}), option=orjson.OPT_SORT_KEYS
+            )
+            known = _HASHES[id(self)] = "sha256:" + hashlib.sha256(canonical).hexdigest()[:16]
+            weakref.finalize(self, _HASHES.pop, id(self), None)
+        return known
+
+
+_HASHES: dict[int, str] = {}  # by id(policy), while that policy lives
 
 
 class PolicyError(ValueError):

@@ -8,8 +8,11 @@ citable passage. The question comes last, where the model reads it just before a
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
+from datetime import date
+from typing import Final
 
 from schemas.models import Chunk, Message
 from worker.engine.policy import RenderPolicy
@@ -18,16 +21,34 @@ OPEN, CLOSE = "<documents>", "</documents>"
 _TAG_LOOKALIKE = re.compile(r"<(\s*/?\s*documents)", re.IGNORECASE)
 _HEADER_LOOKALIKE = re.compile(r"^\[([^\]\n]{1,80})\]", re.MULTILINE)
 NO_PASSAGES = "No passage could be used for this question: say that you do not know."
+# Header fields and dates recur across requests; formatting them costs more than a look-up.
+CACHE_ENTRIES: Final = 16_384
+CACHED_FIELD_CHARS: Final = 200  # longer values are rare: not worth their memory
 
 
 def neutralise(text: str) -> str:
-    """Defuse delimiter look-alikes; the words themselves stay as they are."""
-    text = _TAG_LOOKALIKE.sub(r"&lt;\1", text)
-    return _HEADER_LOOKALIKE.sub(r"［\1］", text)  # noqa: RUF001 - fullwidth on purpose
+    """Defuse delimiter look-alikes; the words themselves stay as they are.
+
+    Most text holds neither "<" nor "[": a fast scan for them skips both regexes.
+    """
+    if "<" in text:
+        text = _TAG_LOOKALIKE.sub(r"&lt;\1", text)
+    if "[" in text:
+        text = _HEADER_LOOKALIKE.sub(r"［\1］", text)  # noqa: RUF001 - fullwidth on purpose
+    return text
+
+
+def _tidy(value: str) -> str:
+    return neutralise(" ".join(value.split()))
+
+
+_tidy_short = functools.lru_cache(maxsize=CACHE_ENTRIES)(_tidy)  # metadata values recur
 
 
 def _field(value: str | None) -> str:
-    return neutralise(" ".join(value.split())) if value else ""
+    if not value:
+        return ""
+    return _tidy_short(value) if len(value) <= CACHED_FIELD_CHARS else _tidy(value)
 
 
 def label_for(scheme: str, position: int, chunk_id: str) -> str:
@@ -36,26 +57,21 @@ def label_for(scheme: str, position: int, chunk_id: str) -> str:
     return scheme.replace("{n}", str(position))
 
 
-def _validity(chunk: Chunk) -> str:
-    if chunk.effective_from is not None:
-        end = f" to {chunk.effective_to}" if chunk.effective_to else ", no end date"
-        return f"in force from {chunk.effective_from}{end}"
-    if chunk.effective_to is not None:
-        return f"in force until {chunk.effective_to}"
+@functools.lru_cache(maxsize=CACHE_ENTRIES)
+def _validity(effective_from: date | None, effective_to: date | None) -> str:
+    if effective_from is not None:
+        end = f" to {effective_to}" if effective_to else ", no end date"
+        return f"in force from {effective_from}{end}"
+    if effective_to is not None:
+        return f"in force until {effective_to}"
     return ""
 
 
 def header(chunk: Chunk, label: str, style: str) -> str:
     if style == "full":  # seed 000: ID, title, type, version, dates, section
-        kind = ", ".join(
-            part
-            for part in (
-                _field(chunk.doc_type),
-                f"version {_field(chunk.version)}" if chunk.version else "",
-                _validity(chunk),
-            )
-            if part
-        )
+        version = f"version {_field(chunk.version)}" if chunk.version else ""
+        validity = _validity(chunk.effective_from, chunk.effective_to)
+        kind = ", ".join(filter(None, (_field(chunk.doc_type), version, validity)))
         title = _field(chunk.title) or _field(chunk.document)
         middle = f" | {kind}" if kind else ""
         return f"[{label}] {title}{middle} | section: {_field(chunk.section) or '-'}"
@@ -76,10 +92,20 @@ def passage(chunk: Chunk, text: str, label: str, style: str) -> str:
     return f"{header(chunk, label, style)}{joiner}{neutralise(text)}"
 
 
+def user_parts(question: str, passages: Sequence[str], policy: RenderPolicy) -> list[str]:
+    """The user message in parts, so counting it can reuse cached counts (`count_parts`)."""
+    question_part = f" {neutralise(question)}"
+    if not passages:
+        return [f"{OPEN}\n{CLOSE}\n\n{NO_PASSAGES}\n\nQuestion:", question_part]
+    parts = [f"{OPEN}\n"]
+    for text in passages:
+        parts += [text, policy.separator]
+    parts[-1] = f"\n{CLOSE}\n\nQuestion:"  # after the last passage: close, no separator
+    return [*parts, question_part]
+
+
 def user_message(question: str, passages: Sequence[str], policy: RenderPolicy) -> str:
-    block = policy.separator.join(passages)
-    body = f"{OPEN}\n{block}\n{CLOSE}" if passages else f"{OPEN}\n{CLOSE}\n\n{NO_PASSAGES}"
-    return f"{body}\n\nQuestion: {neutralise(question)}"
+    return "".join(user_parts(question, passages, policy))
 
 
 def messages(

@@ -1,7 +1,8 @@
 """Token counting: real tokenizers (tiktoken) and the two estimators the seeds use.
 
 A passage's cost is the token count of its rendered form. Counts of real tokenizers are
-cached per text, so a popular chunk is tokenised once per process.
+cached per text, so a popular chunk is tokenised once per process, and a prompt made of
+passages is counted from their cached counts (`count_parts`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Sequence
 from typing import Final, Literal, Protocol
 
 from worker.engine.cache import BoundedCache
@@ -23,6 +25,10 @@ class TokenCounter(Protocol):
 
     def count(self, text: str) -> int: ...
 
+    def count_parts(self, parts: Sequence[str]) -> int:
+        """The exact count of `"".join(parts)`."""
+        ...
+
 
 class CharsPerFour:
     """Seed 000's estimate: ceil(characters / 4)."""
@@ -32,6 +38,9 @@ class CharsPerFour:
     def count(self, text: str) -> int:
         return math.ceil(len(text) / 4)
 
+    def count_parts(self, parts: Sequence[str]) -> int:
+        return math.ceil(sum(map(len, parts)) / 4)
+
 
 class WordsTimesOnePointThree:
     """Seed 003's estimate: whitespace words x 1.3, rounded up (integer arithmetic)."""
@@ -40,6 +49,9 @@ class WordsTimesOnePointThree:
 
     def count(self, text: str) -> int:
         return (len(text.split()) * 13 + 9) // 10
+
+    def count_parts(self, parts: Sequence[str]) -> int:
+        return self.count("".join(parts))
 
 
 class TiktokenCounter:
@@ -64,6 +76,48 @@ class TiktokenCounter:
 
     def count(self, text: str) -> int:
         return self.cache.get_or_compute(text, self._count_uncached)
+
+    def count_parts(self, parts: Sequence[str]) -> int:
+        """The exact count of the joined parts, from cached counts wherever possible.
+
+        Where two parts meet at a cut, their counts add up. Where they do not (a passage
+        ending in "." before a blank-line separator), the left part is cut at its last space
+        instead, and only its last word is counted again, together with what follows.
+        """
+        total, pending = 0, ""
+        for part in parts:
+            if _is_cut(pending, part):
+                total += self.count(pending)
+                pending = part
+                continue
+            cut = _last_cut(pending)
+            if cut:  # count(pending) == count(pending[:cut]) + count(pending[cut:])
+                total += self.count(pending) - self.count(pending[cut:])
+                pending = pending[cut:]
+            pending += part
+        return total + self.count(pending)
+
+
+def _is_cut(left: str, right: str) -> bool:
+    """Whether no token can span left|right, so that each side can be counted alone.
+
+    tiktoken (cl100k_base, o200k_base) splits text with a regex before merging tokens within
+    each piece; a piece may start with a space or end with newlines, but never holds a
+    newline followed by "[", nor a non-space followed by a space.
+    """
+    if not left or not right:
+        return False
+    if right[0] == "[":
+        return left[-1] == "\n"
+    return right[0] == " " and not left[-1].isspace()
+
+
+def _last_cut(text: str) -> int:
+    """The position of the last space after a non-space (a cut), or 0 if there is none."""
+    cut = text.rfind(" ")
+    while cut > 0 and text[cut - 1].isspace():
+        cut = text.rfind(" ", 0, cut)
+    return max(cut, 0)
 
 
 _lock = threading.Lock()
