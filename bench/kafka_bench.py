@@ -48,9 +48,14 @@ def make_events(count: int, chunks: int, seed: int) -> list[tuple[bytes, bytes]]
 
 
 async def collect(
-    broker: Broker, topic: str, count: int, timeout: float
+    broker: Broker, topic: str, count: int, timeout: float,
+    caught_up: tuple[int, asyncio.Event] | None = None,
 ) -> list[tuple[float, int]]:
-    """(arrival time, create timestamp ms) for `count` records of `topic`."""
+    """(arrival time, create timestamp ms) for `count` records of `topic`.
+
+    `caught_up` = (n, event): set the event once n records are in, so timing starts on a
+    consumer that is already reading at the head of the topic.
+    """
     consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
     await consumer.start()
     seen: list[tuple[float, int]] = []
@@ -64,6 +69,8 @@ async def collect(
             now = time.time()
             for messages in batch.values():
                 seen.extend((now, m.timestamp) for m in messages)
+            if caught_up is not None and len(seen) >= caught_up[0]:
+                caught_up[1].set()
     finally:
         await consumer.stop()
     if len(seen) < count:
@@ -88,8 +95,11 @@ async def run_round(broker: Broker, name: str, module: str, workers: int,
         latency_events = events[: int(rate * 10)]
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
         await producer.start()
+        ready = asyncio.Event()
         collector = asyncio.create_task(
-            collect(broker, topics.prompts, len(events) + len(latency_events), timeout=300))
+            collect(broker, topics.prompts, len(events) + len(latency_events), timeout=300,
+                    caught_up=(len(events), ready)))
+        await ready.wait()
         try:
             for key, value in latency_events:
                 await producer.send(topics.input, value, key=key + b"-latency")
