@@ -13,12 +13,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from schemas.models import AssemblyAudit
+from schemas.models import AssemblyAudit, RetrievalResult
 from worker import __version__, filemode
 from worker.codec import Limits, RejectedInput, decode_event
 from worker.engine import PolicyError, assemble
 from worker.explain import SEED_BUDGETS, decision_table, sweep, sweep_chart, sweep_table
-from worker.kafka.reader import RangeError, parse_position, parse_time
+from worker.kafka.reader import RangeError, is_position, parse_position, parse_time
 from worker.policies import PolicyRegistry, load_policy, preset_names
 from worker.settings import SettingsError
 
@@ -81,7 +81,7 @@ def _events(args: argparse.Namespace) -> Iterator[tuple[str, bytes]]:
                     yield f"{name}:{number}", line.rstrip(b"\r\n")
 
 
-def _selected_events(args: argparse.Namespace) -> Iterator[tuple[str, bytes]]:
+def _selected_events(args: argparse.Namespace) -> Iterator[RetrievalResult]:
     found = False
     for origin, raw in _events(args):
         try:
@@ -91,7 +91,7 @@ def _selected_events(args: argparse.Namespace) -> Iterator[tuple[str, bytes]]:
             continue
         if args.request_id in (None, event.request_id):
             found = True
-            yield origin, raw
+            yield event
     if args.request_id is not None and not found:
         raise LookupError(f"request {args.request_id!r} is not in {args.events}")
 
@@ -108,8 +108,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.kafka:
         return _explain_from_kafka(args, registry)
     recorded = _recorded_audits(args.audit) if args.audit else {}
-    for _, raw in _selected_events(args):
-        event = decode_event(raw, _limits(args))
+    for event in _selected_events(args):
         policy = registry.resolve(event.policy, event.request_id)
         audit = recorded.get(event.request_id) or assemble(event, policy).audit
         if args.audit and event.request_id not in recorded:
@@ -160,8 +159,7 @@ def _budgets(text: str | None) -> list[int]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     registry = PolicyRegistry(load_policy(args.policy))
-    for _, raw in _selected_events(args):
-        event = decode_event(raw, _limits(args))
+    for event in _selected_events(args):
         policy = registry.resolve(event.policy, event.request_id)
         points = sweep(event, policy, _budgets(args.budgets))
         print(sweep_table(event, points))
@@ -224,8 +222,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         limits=_limits(args),
         starts=[parse_position(p) for p in args.start],
         from_ms=parse_time(args.from_time) if args.from_time else None,
-        ends=[parse_position(p) for p in args.to if _is_position(p)],
-        to_ms=next((parse_time(p) for p in args.to if not _is_position(p)), None),
+        ends=[parse_position(p) for p in args.to if is_position(p)],
+        to_ms=next((parse_time(p) for p in args.to if not is_position(p)), None),
         count=args.count,
         out=Path(args.out) if args.out else None,
         audit_out=Path(args.audit) if args.audit else None,
@@ -256,11 +254,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
 
     return asyncio.run(run())
-
-
-def _is_position(text: str) -> bool:
-    partition, colon, offset = text.partition(":")
-    return bool(colon) and partition.isdigit() and offset.isdigit()
 
 
 def _add_limits(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 from tests.factories import chunk
 from worker.engine.policy import RenderPolicy
-from worker.engine.render import header, label_for, messages, neutralise, passage
+from worker.engine.render import header, label_for, messages, neutralise, passage, user_parts
 
 
 def test_the_default_header_is_seed_000s() -> None:
@@ -44,9 +44,9 @@ def test_delimiter_lookalikes_in_chunk_text_are_neutralised() -> None:
 
 def test_messages_are_system_then_history_then_the_question_last() -> None:
     policy = RenderPolicy()
-    out = messages("Why?", [], ["[a] T | section: -\nbody"], policy)
+    out = messages([], user_parts("Why?", ["[a] T | section: -\nbody"], policy), policy)
     assert [m.role for m in out] == ["system", "user"]
     assert out[-1].content.endswith("Question: Why?")
     assert out[-1].content.startswith("<documents>\n[a] T")
-    empty = messages("Why?", [], [], policy)
+    empty = messages([], user_parts("Why?", [], policy), policy)
     assert "say that you do not know" in empty[-1].content

@@ -7,15 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker, broker_from_env
+from tests.support.broker import Broker, running_broker
 
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    broker = broker_from_env(tmp_path_factory.mktemp("kafka"))
-    broker.start()
-    yield broker
-    broker.stop()
+    with running_broker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker, broker_from_env
+from tests.support.broker import Broker, running_broker
 from tests.support.worker import (
     Topics,
     WorkerProcess,
@@ -25,10 +25,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """A broker of this module's own: restarting the session's would disturb other tests."""
-    broker = broker_from_env(tmp_path_factory.mktemp("kafka-restart"))
-    broker.start()
-    yield broker
-    broker.stop()
+    with running_broker(tmp_path_factory.mktemp("kafka-restart")) as broker:
+        yield broker
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])

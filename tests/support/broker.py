@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,14 @@ def broker_from_env(workdir: Path) -> Broker:
     if bootstrap_servers:
         return ExternalBroker(bootstrap_servers)
     return KafkaBroker(workdir)
+
+
+@contextmanager
+def running_broker(workdir: Path) -> Iterator[Broker]:
+    """`broker_from_env(workdir)`, started for the block and stopped after it."""
+    broker = broker_from_env(workdir)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

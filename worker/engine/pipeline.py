@@ -137,7 +137,7 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
             f"the whole prompt would exceed window - max_output = {plan.prompt_limit} tokens",
         ))
 
-    messages = render.messages(event.question, plan.history, passages, policy.render)
+    messages = render.messages(plan.history, user_parts, policy.render)
     passage_tokens = [counter.count(text) for text in passages]
     policy_ref = PolicyRef(name=policy.name, hash=policy.hash)
     tokens = TokenUsage(

@@ -104,15 +104,12 @@ def user_parts(question: str, passages: Sequence[str], policy: RenderPolicy) -> 
     return [*parts, question_part]
 
 
-def user_message(question: str, passages: Sequence[str], policy: RenderPolicy) -> str:
-    return "".join(user_parts(question, passages, policy))
-
-
 def messages(
-    question: str, history: Sequence[Message], passages: Sequence[str], policy: RenderPolicy
+    history: Sequence[Message], user: Sequence[str], policy: RenderPolicy
 ) -> list[Message]:
+    """System, history, then the user message `user_parts` built (the question last)."""
     return [
         Message(role="system", content=policy.system_prompt),
         *history,
-        Message(role="user", content=user_message(question, passages, policy)),
+        Message(role="user", content="".join(user)),
     ]

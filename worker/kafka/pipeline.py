@@ -30,7 +30,6 @@ class EventPipeline:
         handler: Handler = handle,  # the benchmark swaps in a passthrough
     ) -> None:
         self.settings = settings
-        self.registry = registry
         self.metrics = metrics
         self._handler = handler
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")

@@ -26,6 +26,12 @@ class Span:
     end: int
 
 
+def is_position(text: str) -> bool:
+    """PARTITION:OFFSET (as opposed to an ISO-8601 time, which has colons too)."""
+    partition, colon, offset = text.partition(":")
+    return bool(colon) and partition.isdigit() and offset.isdigit()
+
+
 def parse_position(text: str) -> tuple[int, int]:
     partition, _, offset = text.partition(":")
     try:

@@ -55,7 +55,8 @@ class Outcome:
     rejected: RejectedInput | None
 
 
-def _header(headers: Headers, name: str) -> bytes | None:
+def header(headers: Headers | list[tuple[str, bytes]], name: str) -> bytes | None:
+    """The first value of header `name`, or None."""
     return next((value for key, value in headers if key == name), None)
 
 
@@ -108,7 +109,7 @@ def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
         (SOURCE_PARTITION, str(origin.partition).encode()),
         (SOURCE_OFFSET, str(origin.offset).encode()),
     )
-    trace = _header(origin.headers, TRACEPARENT)
+    trace = header(origin.headers, TRACEPARENT)
     if trace is not None:
         headers += ((TRACEPARENT, trace),)
     key = assembly.prompt.request_id.encode()

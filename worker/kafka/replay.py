@@ -31,6 +31,7 @@ from worker.kafka.records import (
     HandlerContext,
     Origin,
     handle,
+    header,
 )
 from worker.policies import PolicyRegistry
 
@@ -122,10 +123,6 @@ def atomic_outputs(paths: list[Path | None]) -> Iterator[list[BinaryIO | None]]:
                 partial.replace(path)
 
 
-def _header(headers: list[tuple[str, bytes]], name: str) -> bytes | None:
-    return next((value for key, value in headers if key == name), None)
-
-
 async def published_outputs(
     reader: TopicReader, request: ReplayRequest, wanted: set[Coordinates], from_ms: int
 ) -> dict[Coordinates, tuple[bytes, bytes]]:
@@ -146,10 +143,10 @@ async def published_outputs(
         hits: dict[Coordinates, bytes] = {}
         async for record in reader.read(topic, spans):
             headers = list(record.headers)
-            if _header(headers, SOURCE_TOPIC) != request.input_topic.encode():
+            if header(headers, SOURCE_TOPIC) != request.input_topic.encode():
                 continue
-            source_partition = _header(headers, SOURCE_PARTITION)
-            source_offset = _header(headers, SOURCE_OFFSET)
+            source_partition = header(headers, SOURCE_PARTITION)
+            source_offset = header(headers, SOURCE_OFFSET)
             if source_partition is None or source_offset is None:
                 continue
             key = (int(source_partition), int(source_offset))
@@ -248,7 +245,7 @@ async def find_recorded(
         if latest is None:
             raise LookupError(f"no audit for request {request_id!r} on {audit_topic}")
         headers = list(latest.headers)
-        topic, partition, offset = (_header(headers, name)
+        topic, partition, offset = (header(headers, name)
                                     for name in (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET))
         if topic is None or partition is None or offset is None:
             raise LookupError(f"the audit of {request_id!r} does not say where its input came from")
