@@ -7,11 +7,13 @@ than silently assembled under other rules.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 
 from worker.codec import RejectedInput
 from worker.engine.policy import Policy, PolicyError, policy_from_mapping
+from worker.engine.tokens import get_counter
 
 
 def preset_names() -> list[str]:
@@ -55,19 +57,64 @@ def load_policy(spec: str | None) -> Policy:
     return policy_from_mapping(data, name=name if isinstance(name, str) else path.stem)
 
 
-class PolicyRegistry:
-    """The policy for each request: its named preset, or the service default."""
+ESTIMATORS = ("chars/4", "words*1.3")
 
-    def __init__(self, default: Policy) -> None:
-        self.default = default
-        self._named = {default.name: default}
+
+class PolicyRegistry:
+    """The policy for each request: the service policy, or one the operator allowed by name.
+
+    Only the operator's settings are trusted. A request may name a policy only if the
+    operator listed it (`--allow-policy`, ASSEMBLER_ALLOWED_POLICIES), and whatever it names,
+    the `[guard]` section is the service policy's: a request can never see more than the
+    service lets it. Token estimators stay the operator's choice for the service policy; an
+    allowed policy must count with a real tokenizer. Every tokenizer is loaded here, so a
+    missing vocabulary stops the process at start instead of rejecting each event.
+    """
+
+    def __init__(self, service: Policy, allowed: Iterable[Policy] = ()) -> None:
+        self.default = service
+        self._named: dict[str, Policy] = {}
+        for policy in allowed:
+            if policy.tokenizer.encoding in ESTIMATORS:
+                raise PolicyError(
+                    f"policy {policy.name!r} counts tokens with the estimate "
+                    f"{policy.tokenizer.encoding!r}; only the service policy may use an "
+                    "estimator, a policy a request names must count exactly"
+                )
+            if policy.name == service.name:
+                raise PolicyError(
+                    f"allowed policy {policy.name!r} has the service policy's name; rename one"
+                )
+            self._named[policy.name] = policy.model_copy(update={"guard": service.guard})
+        self._named[service.name] = service
+        for policy in self._named.values():
+            warm_tokenizers(policy)
+
+    @property
+    def allowed_names(self) -> list[str]:
+        return sorted(self._named)
 
     def resolve(self, name: str | None, request_id: str | None = None) -> Policy:
         if name is None:
             return self.default
-        if name not in self._named:
-            try:
-                self._named[name] = load_preset(name)
-            except PolicyError as error:
-                raise RejectedInput("policy", str(error), request_id) from None
-        return self._named[name]
+        policy = self._named.get(name)
+        if policy is None:
+            raise RejectedInput(
+                "policy",
+                f"policy {name!r} is not allowed here; allowed: {', '.join(self.allowed_names)}",
+                request_id,
+            )
+        return policy
+
+
+def warm_tokenizers(policy: Policy) -> None:
+    """Load every tokenizer `policy` counts with (raises VocabularyUnavailable)."""
+    get_counter(policy.tokenizer.encoding)
+    if policy.budget.window is not None:
+        get_counter(policy.tokenizer.exact_encoding)
+
+
+def build_registry(service: str | None, allowed: Sequence[str] = ()) -> PolicyRegistry:
+    """The registry from the operator's settings: `service` and the `allowed` specs
+    (preset names or TOML files); raises PolicyError (or VocabularyUnavailable)."""
+    return PolicyRegistry(load_policy(service), [load_policy(spec) for spec in allowed])

@@ -6,16 +6,17 @@ Invalid settings fail at start with one message naming each bad variable.
 from __future__ import annotations
 
 import socket
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.codec import Limits
+from worker.engine.errors import ContextAssemblerError
 
 
-class SettingsError(ValueError):
-    pass
+class SettingsError(ContextAssemblerError, ValueError):
+    """Invalid ASSEMBLER_* variables, each named."""
 
 
 class Settings(BaseSettings):
@@ -28,6 +29,11 @@ class Settings(BaseSettings):
     dlq_topic: str = "retrieval.results.dlq"
     group_id: str = "context-assembler"
     policy_file: str | None = Field(default=None, description="TOML file or preset name.")
+    allowed_policies: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Policies (preset names or TOML files) a request may name, comma-separated. "
+        "Default: none, so a request naming any policy other than the service's is rejected.",
+    )
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     transactional_id: str | None = Field(
         default=None,
@@ -45,6 +51,13 @@ class Settings(BaseSettings):
         default=10.0, ge=6, le=300, description="How long a silent replica keeps its partitions."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("allowed_policies", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
     @model_validator(mode="after")
     def _distinct_topics(self) -> Settings:

@@ -16,6 +16,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from worker.engine.errors import ContextAssemblerError
+
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
 # The SHA-256 tiktoken itself expects for each file (tiktoken_ext/openai_public.py).
 EXPECTED_SHA256 = {
@@ -24,7 +26,7 @@ EXPECTED_SHA256 = {
 }
 
 
-class VocabularyUnavailable(RuntimeError):
+class VocabularyUnavailable(ContextAssemblerError, RuntimeError):
     """The vocabulary is neither cached nor bundled: say how to provide it."""
 
 

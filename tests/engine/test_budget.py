@@ -29,6 +29,12 @@ def test_plan_with_a_window_caps_the_prompt_and_splits_the_rest() -> None:
     assert capped.passages == 1000
 
 
-def test_plan_with_a_fixed_budget_has_no_prompt_limit() -> None:
-    result = plan(BudgetPolicy(), CharsPerFour(), 65, [Message(role="user", content="hi")])
+def test_plan_with_a_fixed_budget_and_no_window_has_no_prompt_limit() -> None:
+    budget = BudgetPolicy(window=None)
+    result = plan(budget, CharsPerFour(), 65, [Message(role="user", content="hi")])
     assert (result.passages, result.prompt_limit, len(result.history)) == (1500, None, 1)
+
+
+def test_the_default_budget_caps_the_whole_prompt_like_seed_002() -> None:
+    result = plan(BudgetPolicy(), CharsPerFour(), 65, [Message(role="user", content="hi")])
+    assert (result.passages, result.prompt_limit, len(result.history)) == (1500, 8192 - 1024, 1)

@@ -8,7 +8,7 @@ from worker.engine.policy import GuardPolicy
 
 
 def reasons(chunks: list[Chunk], audience: str | None = None, as_of: date | None = None,
-            unknown: str = "allow") -> dict[str, str]:
+            unknown: str = "deny") -> dict[str, str]:
     candidates = [Candidate(i, c) for i, c in enumerate(chunks, start=1)]
     passed, dropped = guard(candidates, audience=audience, as_of=as_of,
                             policy=GuardPolicy(unknown_audience=unknown))
@@ -25,10 +25,10 @@ def test_staff_text_never_reaches_a_customer() -> None:
     assert reasons([STAFF, OPEN], audience="staff") == {"staff": "kept", "open": "kept"}
 
 
-def test_without_an_audience_restricted_text_passes_unless_the_policy_denies_it() -> None:
-    assert reasons([STAFF], audience=None) == {"staff": "kept"}
-    assert reasons([STAFF, OPEN], audience=None, unknown="deny") == {
-        "staff": "access_denied", "open": "kept"}
+def test_without_an_audience_restricted_text_is_denied_unless_the_operator_allows_it() -> None:
+    assert GuardPolicy().unknown_audience == "deny"  # fail closed by default
+    assert reasons([STAFF, OPEN], audience=None) == {"staff": "access_denied", "open": "kept"}
+    assert reasons([STAFF], audience=None, unknown="allow") == {"staff": "kept"}
 
 
 def test_only_the_version_in_force_on_as_of_passes() -> None:
@@ -41,3 +41,9 @@ def test_only_the_version_in_force_on_as_of_passes() -> None:
 
 def test_text_without_words_is_empty() -> None:
     assert reasons([chunk("blank", "  \n -- \n")]) == {"blank": DropReason.EMPTY.value}
+    assert reasons([chunk("zw", "\u200b\u00ad \t")]) == {"zw": DropReason.EMPTY.value}
+
+
+def test_emoji_and_symbols_are_text() -> None:
+    assert reasons([chunk("emoji", "\U0001f44d \u2705"), chunk("math", "\u2211 \u2260 \u221e")]) == {
+        "emoji": "kept", "math": "kept"}

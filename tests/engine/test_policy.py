@@ -2,7 +2,13 @@ import pytest
 
 from worker.codec import RejectedInput
 from worker.engine.policy import Policy, PolicyError, policy_from_mapping
-from worker.policies import PolicyRegistry, load_policy, load_preset, preset_names
+from worker.policies import (
+    PolicyRegistry,
+    build_registry,
+    load_policy,
+    load_preset,
+    preset_names,
+)
 
 
 def test_a_partial_policy_overrides_only_the_keys_it_names() -> None:
@@ -59,8 +65,49 @@ def test_policy_files_are_named_after_the_file(tmp_path: object) -> None:
         load_policy(str(path))
 
 
-def test_a_request_naming_an_unknown_policy_is_rejected() -> None:
-    registry = PolicyRegistry(Policy())
-    assert registry.resolve("rank-fidelity").select.packing == "stop"
-    with pytest.raises(RejectedInput, match="no preset named"):
-        registry.resolve("does-not-exist", "req-9")
+def test_a_request_may_name_only_the_policies_the_operator_allowed() -> None:
+    registry = build_registry(None, ["attention-edges"])
+    assert registry.resolve("attention-edges").select.packing == "stop"
+    assert registry.resolve("default") is registry.default  # the service policy by its name
+    for name in ("rank-fidelity", "window-8k", "does-not-exist"):
+        with pytest.raises(RejectedInput, match="not allowed") as caught:
+            registry.resolve(name, "req-9")
+        assert (caught.value.reason, caught.value.request_id) == ("policy", "req-9")
+    with pytest.raises(RejectedInput, match="not allowed"):
+        build_registry(None).resolve("attention-edges")  # default: no policy is allowed
+
+
+def test_a_named_policy_never_weakens_the_services_guard() -> None:
+    strict = policy_from_mapping({"guard": {"unknown_audience": "deny"}}, name="service")
+    lenient = policy_from_mapping({"guard": {"unknown_audience": "allow"}}, name="lenient")
+    registry = PolicyRegistry(strict, [lenient])
+    assert registry.resolve("lenient").guard.unknown_audience == "deny"
+    open_service = policy_from_mapping({"guard": {"unknown_audience": "allow"}}, name="service")
+    assert PolicyRegistry(open_service, [strict.model_copy(update={"name": "s2"})]).resolve(
+        "s2").guard.unknown_audience == "allow"  # the service's guard, in both directions
+
+
+@pytest.mark.parametrize("estimator", ["estimated", "word-estimate", "rank-fidelity"])
+def test_a_request_can_never_choose_a_token_estimate(estimator: str) -> None:
+    with pytest.raises(PolicyError, match="estimat"):
+        build_registry(None, [estimator])
+    assert build_registry(estimator).default.name == estimator  # the operator's choice
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"select": {"min_score": float("nan")}}, {"dedup": {"near_threshold": float("nan")}},
+     {"budget": {"safety_margin": float("inf")}}, {"select": {"mmr_lambda": float("-inf")}}],
+)
+def test_non_finite_numbers_are_rejected(overrides: dict[str, object]) -> None:
+    with pytest.raises(PolicyError, match="finite"):
+        policy_from_mapping(overrides)
+
+
+def test_nan_in_a_policy_file_is_rejected(tmp_path: object) -> None:
+    import pathlib
+
+    path = pathlib.Path(str(tmp_path)) / "nan.toml"
+    path.write_text("[select]\nmin_score = nan\n")
+    with pytest.raises(PolicyError, match=r"select\.min_score"):
+        load_policy(str(path))

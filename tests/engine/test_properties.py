@@ -8,13 +8,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.models import RetrievalResult
+from schemas.models import AssembledPrompt, RetrievalResult
 from tests.factories import chunk
 from worker.codec import encode
 from worker.engine import PromptTooLarge, assemble
 from worker.engine.candidate import Candidate
 from worker.engine.dedup import CopyDetector
 from worker.engine.policy import DedupPolicy, Policy, policy_from_mapping
+from worker.engine.tokens import EXACT_TOKENIZERS, get_counter
 from worker.engine.words import jaccard, word_set
 
 # A small vocabulary makes near-duplicates and identical texts common.
@@ -79,6 +80,14 @@ def policies(draw: st.DrawFn) -> Policy:
     })
 
 
+def exact_prompt_tokens(prompt: AssembledPrompt, policy: Policy) -> int:
+    """The whole prompt recounted from its messages with a real tokenizer."""
+    name = policy.tokenizer.encoding
+    exact = get_counter(name if name in EXACT_TOKENIZERS else policy.tokenizer.exact_encoding)
+    overhead = policy.budget.message_overhead
+    return sum(exact.count(message.content) + overhead for message in prompt.messages)
+
+
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -92,7 +101,8 @@ def test_invariants(event: RetrievalResult, policy: Policy) -> None:
         bare = assemble(event.model_copy(update={"chunks": [], "history": []}), policy_from_mapping(
             {"budget": {"window": None, "context_tokens": 1}}, base=policy))
         assert policy.budget.window is not None
-        assert bare.prompt.tokens.prompt > policy.budget.window - policy.budget.max_output
+        limit = policy.budget.window - policy.budget.max_output
+        assert max(bare.prompt.tokens.prompt, exact_prompt_tokens(bare.prompt, policy)) > limit
         return
     audit, prompt = result.audit, result.prompt
 
@@ -103,8 +113,12 @@ def test_invariants(event: RetrievalResult, policy: Policy) -> None:
     # Never over budget; with a window, the whole prompt fits window - max_output.
     assert audit.tokens.context <= audit.tokens.budget
     assert audit.tokens.context == sum(k.tokens for k in audit.kept)
+    assert get_counter(policy.tokenizer.encoding).count(prompt.context) <= audit.tokens.budget
     if policy.budget.window is not None:
         assert audit.tokens.prompt <= policy.budget.window - policy.budget.max_output
+        # An estimate never decides what fits: the exact count fits as well.
+        assert exact_prompt_tokens(prompt, policy) <= policy.budget.window - policy.budget.max_output
+    assert audit.history_turns_dropped == len(event.history) - (len(prompt.messages) - 2)
     if policy.select.max_chunks is not None:
         assert len(audit.kept) <= policy.select.max_chunks
 

@@ -6,12 +6,19 @@ procedure cannot reach a customer's prompt even when an upstream filter was skip
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import date
 
 from schemas.models import DroppedChunk, DropReason
 from worker.engine.candidate import Candidate
 from worker.engine.policy import GuardPolicy
 from worker.engine.words import has_words
+
+
+def has_content(text: str) -> bool:
+    """Words, numbers or symbols (an emoji answer, a formula) are text; only whitespace,
+    punctuation, control and format characters are empty."""
+    return has_words(text) or any(unicodedata.category(char)[0] == "S" for char in text)
 
 
 def guard(
@@ -31,7 +38,7 @@ def guard(
                 DropReason.ACCESS_DENIED,
                 f"audience {audience!r} is not in {sorted(allowed)}",
             ))
-        elif allowed and audience is None and policy.unknown_audience == "deny":
+        elif allowed and audience is None and policy.unknown_audience == "deny":  # the default
             dropped.append(candidate.drop(
                 DropReason.ACCESS_DENIED,
                 f"request names no audience and the chunk is limited to {sorted(allowed)}",
@@ -45,8 +52,8 @@ def guard(
             dropped.append(candidate.drop(
                 DropReason.NOT_IN_FORCE, f"in force until {chunk.effective_to}, asked as of {as_of}"
             ))
-        elif not has_words(chunk.text):
-            dropped.append(candidate.drop(DropReason.EMPTY, "text has no words"))
+        elif not has_content(chunk.text):
+            dropped.append(candidate.drop(DropReason.EMPTY, "text has no words or symbols"))
         else:
             passed.append(candidate)
     return passed, dropped

@@ -60,8 +60,10 @@ class _Packer:
         detector: CopyDetector,
         cost: Cost,
         shrink: Shrink,
+        separator_tokens: int = 0,
     ) -> None:
         self.budget = budget
+        self.separator_tokens = separator_tokens
         self.policy = policy
         self.compress = compress
         self.detector = detector
@@ -75,8 +77,13 @@ class _Packer:
     def full(self) -> bool:
         return self.policy.max_chunks is not None and len(self.kept) >= self.policy.max_chunks
 
+    @property
+    def left(self) -> int:
+        """What the next passage may cost: each one after the first brings a separator."""
+        return self.budget - self.used - (self.separator_tokens if self.kept else 0)
+
     def _fit(self, candidate: Candidate) -> Packed | None:
-        left = self.budget - self.used
+        left = self.left
         text = candidate.chunk.text
         if self.compress.mode == "always":
             text = self.shrink(candidate) or text
@@ -109,11 +116,11 @@ class _Packer:
             tokens = self.cost(candidate, candidate.chunk.text)
             self.over_budget(
                 candidate,
-                f"needs {tokens} tokens, {self.budget - self.used} of {self.budget} left",
+                f"needs {tokens} tokens, {max(0, self.left)} of {self.budget} left",
             )
             return False
+        self.used += packed.tokens + (self.separator_tokens if self.kept else 0)
         self.kept.append(packed)
-        self.used += packed.tokens
         self.detector.add_kept(candidate)
         return True
 
@@ -168,9 +175,13 @@ def pack(
     cost: Cost,
     shrink: Shrink,
     drop_title_line: bool = True,
+    separator_tokens: int = 0,
 ) -> tuple[list[Packed], list[DroppedChunk]]:
-    """Returns the kept passages in the order they were chosen, and the dropped ones."""
-    packer = _Packer(budget, policy, compress, detector, cost, shrink)
+    """Returns the kept passages in the order they were chosen, and the dropped ones.
+
+    The budget covers the joined context: the separators between passages count too.
+    """
+    packer = _Packer(budget, policy, compress, detector, cost, shrink, separator_tokens)
     eligible: list[Candidate] = []
     for candidate in candidates:
         score = candidate.chunk.score

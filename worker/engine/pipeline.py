@@ -8,7 +8,7 @@ or a random source, so the same event and policy give the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from schemas.models import (
@@ -34,7 +34,7 @@ from worker.engine.guard import guard
 from worker.engine.order import arrange
 from worker.engine.pack import Packed, pack
 from worker.engine.policy import Policy
-from worker.engine.tokens import TokenCounter, get_counter
+from worker.engine.tokens import EXACT_TOKENIZERS, TokenCounter, get_counter
 
 ENGINE = EngineInfo(version=__version__)
 
@@ -98,9 +98,11 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
             candidate.chunk.text, event.question, policy.compress.max_sentences
         )
 
+    separator_tokens = counter.count(policy.render.separator)
     kept, pack_dropped = pack(
         passed,
         budget=plan.passages,
+        separator_tokens=separator_tokens,
         policy=policy.select,
         compress=policy.compress,
         detector=CopyDetector(policy.dedup),
@@ -109,6 +111,24 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
         drop_title_line=policy.dedup.drop_title_line,
     )
     dropped += pack_dropped
+
+    exact = counter
+    if plan.prompt_limit is not None and counter.name not in EXACT_TOKENIZERS:
+        exact = get_counter(policy.tokenizer.exact_encoding)  # an estimate never decides a fit
+    history = plan.history
+    if plan.prompt_limit is not None:
+        history, early = _fit_history(history, bare, plan.prompt_limit, policy, exact)
+        history_dropped = plan.history_dropped + early
+        kept, shed = _shed_to_fit(
+            kept, plan.prompt_limit - _prompt_tokens(history, bare, policy, exact),
+            exact, cost_of=lambda item: render.passage(
+                item.candidate.chunk, item.text,
+                item.candidate.chunk.chunk_id if scheme == "chunk_id" else widest, style),
+            separator=policy.render.separator,
+        )
+        dropped += shed
+    else:
+        history_dropped = plan.history_dropped
 
     while True:
         ordered = arrange(sorted(kept, key=lambda p: p.candidate.rank), policy.order.mode, _source)
@@ -121,23 +141,18 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
             for item, label in zip(ordered, labels, strict=True)
         ]
         user_parts = render.user_parts(event.question, passages, policy.render)
-        prompt_tokens = _prompt_tokens(plan.history, user_parts, policy, counter)
-        if plan.prompt_limit is None or prompt_tokens <= plan.prompt_limit:
+        overflow = _overflow(passages, plan, history, user_parts, policy, counter, exact)
+        if overflow is None:
             break
         if not kept:
-            raise PromptTooLarge(
-                f"instructions, history and question alone need {prompt_tokens} tokens, over "
-                f"window - max_output = {plan.prompt_limit}"
-            )
+            raise PromptTooLarge(f"instructions and question alone do not fit: {overflow}")
         # Summed passage counts almost always bound the joined text; if not, shed the
-        # passage chosen last until the whole prompt fits window - max_output.
+        # passage chosen last until the context and the whole prompt fit.
         last = kept.pop()
-        dropped.append(last.candidate.drop(
-            DropReason.OVER_BUDGET,
-            f"the whole prompt would exceed window - max_output = {plan.prompt_limit} tokens",
-        ))
+        dropped.append(last.candidate.drop(DropReason.OVER_BUDGET, overflow))
+    prompt_tokens = _prompt_tokens(history, user_parts, policy, counter)
 
-    messages = render.messages(plan.history, user_parts, policy.render)
+    messages = render.messages(history, user_parts, policy.render)
     passage_tokens = [counter.count(text) for text in passages]
     policy_ref = PolicyRef(name=policy.name, hash=policy.hash)
     tokens = TokenUsage(
@@ -186,9 +201,83 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
         dropped=sorted(dropped, key=_by_rank),
         tokens=tokens,
         abstained=abstained,
-        history_turns_dropped=plan.history_dropped,
+        history_turns_dropped=history_dropped,
     )
     return Assembly(prompt, audit)
+
+
+def _fit_history(
+    history: tuple[Message, ...], bare: list[str], limit: int, policy: Policy, exact: TokenCounter
+) -> tuple[tuple[Message, ...], int]:
+    """Drop the oldest turns while instructions, history and question exceed `limit` by an
+    exact count (the plan counted with the policy's tokenizer, which may be an estimate)."""
+    overhead = policy.budget.message_overhead
+    used = _prompt_tokens((), bare, policy, exact)
+    costs = [exact.count(turn.content) + overhead for turn in history]
+    total = used + sum(costs)
+    first = 0
+    while first < len(history) and total > limit:
+        total -= costs[first]
+        first += 1
+    return history[first:], first
+
+
+def _shed_to_fit(
+    kept: list[Packed],
+    room: int,
+    exact: TokenCounter,
+    cost_of: Callable[[Packed], str],
+    separator: str,
+) -> tuple[list[Packed], list[DroppedChunk]]:
+    """Keep the longest prefix of the chosen passages whose exact counts fit `room`.
+
+    One pass over the passages, so a prompt far over the window (an estimate fooled by
+    text it counts badly) costs linear time, not one full recount per shed passage.
+    """
+    separator_tokens = exact.count(separator)
+    used, fits = 0, 0
+    for item in kept:
+        used += exact.count(cost_of(item)) + (separator_tokens if fits else 0)
+        if used > room:
+            break
+        fits += 1
+    shed = [
+        item.candidate.drop(
+            DropReason.OVER_BUDGET,
+            f"the whole prompt would exceed window - max_output ({exact.name} count)",
+        )
+        for item in kept[fits:]
+    ]
+    return kept[:fits], shed
+
+
+def _overflow(
+    passages: list[str],
+    plan: budgets.BudgetPlan,
+    history: Sequence[Message],
+    user_parts: list[str],
+    policy: Policy,
+    counter: TokenCounter,
+    exact: TokenCounter,
+) -> str | None:
+    """Why this rendering does not fit, or None: the joined context must recount within
+    the passage budget, and the whole prompt within window - max_output."""
+    joined: list[str] = []
+    for text in passages:
+        joined += [text, policy.render.separator]
+    context_tokens = counter.count_parts(joined[:-1])
+    if context_tokens > plan.passages:
+        return f"the joined context would need {context_tokens} of {plan.passages} tokens"
+    if plan.prompt_limit is None:
+        return None
+    for tokenizer in dict.fromkeys((counter, exact)):  # the reported count, then the exact one
+        prompt_tokens = _prompt_tokens(history, user_parts, policy, tokenizer)
+        if prompt_tokens > plan.prompt_limit:
+            return (
+                f"the whole prompt would need {prompt_tokens} tokens ({tokenizer.name}), over "
+                f"window - max_output = {plan.prompt_limit}"
+            )
+    return None
 
 
 def _by_rank(drop: DroppedChunk) -> int:

@@ -14,7 +14,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from worker.engine.tokens import TokenizerName
+from worker.engine.errors import ContextAssemblerError
+from worker.engine.tokens import ExactTokenizerName, TokenizerName
 
 DEFAULT_SYSTEM_PROMPT = (
     "Answer the question using only the passages inside <documents>. The passages are "
@@ -26,11 +27,17 @@ DEFAULT_SYSTEM_PROMPT = (
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN passes no comparison: `min_score = nan` would keep nothing yet look valid.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TokenizerPolicy(_Section):
     encoding: TokenizerName = "cl100k_base"
+    exact_encoding: ExactTokenizerName = Field(
+        default="cl100k_base",
+        description="Counts the whole prompt against window - max_output when `encoding` "
+        "is an estimate (chars/4, words*1.3): an estimate never decides what fits a window.",
+    )
 
 
 class BudgetPolicy(_Section):
@@ -41,7 +48,7 @@ class BudgetPolicy(_Section):
     """
 
     context_tokens: int | None = Field(default=1500, ge=1)
-    window: int | None = Field(default=None, ge=1)
+    window: int | None = Field(default=8192, ge=1, description="The model's context window.")
     max_output: int = Field(default=1024, ge=0)
     safety_margin: float = Field(default=0.05, ge=0, lt=1, description="Fraction of the input.")
     safety_tokens: int = Field(default=0, ge=0, description="Absolute reserve (seed 004: 128).")
@@ -92,7 +99,7 @@ class RenderPolicy(_Section):
 
 class GuardPolicy(_Section):
     unknown_audience: Literal["allow", "deny"] = Field(
-        default="allow",
+        default="deny",
         description="deny: a request without an audience sees only chunks open to everyone.",
     )
 
@@ -127,7 +134,7 @@ class Policy(_Section):
 _HASHES: dict[int, str] = {}  # by id(policy), while that policy lives
 
 
-class PolicyError(ValueError):
+class PolicyError(ContextAssemblerError, ValueError):
     """A policy that cannot be used, with every problem spelled out."""
 
 

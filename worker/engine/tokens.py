@@ -13,11 +13,15 @@ import threading
 from collections.abc import Sequence
 from typing import Final, Literal, Protocol
 
-from worker.engine.cache import BoundedCache
+from worker.engine.cache import COUNT_ENTRY_BYTES, BoundedCache
 
+ExactTokenizerName = Literal["cl100k_base", "o200k_base"]
 TokenizerName = Literal["cl100k_base", "o200k_base", "chars/4", "words*1.3"]
+EXACT_TOKENIZERS: Final[tuple[ExactTokenizerName, ...]] = ("cl100k_base", "o200k_base")
 TOKENIZERS: Final[tuple[TokenizerName, ...]] = ("cl100k_base", "o200k_base", "chars/4", "words*1.3")
-TOKEN_CACHE_ENTRIES: Final = 200_000  # ~120 bytes each: about 25 MB at most
+# Counts are keyed by a 128-bit hash, so an entry costs COUNT_ENTRY_BYTES whatever the text's
+# length: 32 MiB hold about 175,000 texts per encoding.
+TOKEN_CACHE_BYTES: Final = 32 * 2**20
 
 
 class TokenCounter(Protocol):
@@ -61,7 +65,7 @@ class TiktokenCounter:
     plain text instead of raising, and is slightly faster than `encode`.
     """
 
-    def __init__(self, encoding_name: str, cache_entries: int = TOKEN_CACHE_ENTRIES) -> None:
+    def __init__(self, encoding_name: str, cache_bytes: int = TOKEN_CACHE_BYTES) -> None:
         import tiktoken
 
         from worker.vocabulary import ensure_vocabulary
@@ -69,7 +73,7 @@ class TiktokenCounter:
         ensure_vocabulary(encoding_name)
         self.name = encoding_name
         self._encoding = tiktoken.get_encoding(encoding_name)
-        self.cache: BoundedCache[int] = BoundedCache(cache_entries)
+        self.cache: BoundedCache[int] = BoundedCache(cache_bytes // COUNT_ENTRY_BYTES)
 
     def _count_uncached(self, text: str) -> int:
         return len(self._encoding.encode_ordinary(text))
