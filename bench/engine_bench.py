@@ -374,8 +374,7 @@ def tiktoken_alone(encoding: tiktoken.Encoding, rendered: Sequence[str]) -> int:
 
 def clear_engine_caches(counter: TiktokenCounter) -> None:
     counter.cache.clear()
-    words._word_set.cache_clear()
-    words._body_word_set.cache_clear()
+    words.CACHE.clear()
 
 
 # --------------------------------------------------------------------------------------

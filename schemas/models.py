@@ -7,6 +7,8 @@ nothing wall-clock, so the same event and policy always serialise to the same by
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from datetime import date
 from enum import StrEnum
 from typing import Any, Literal
@@ -21,16 +23,35 @@ class _Record(BaseModel):
 
 
 class Message(_Record):
-    """One chat message: an earlier turn on input, a prompt message on output."""
+    """One chat message of the prompt: the system prompt, earlier turns, the user message."""
 
     role: Literal["system", "user", "assistant"]
     content: str
 
 
+class HistoryTurn(Message):
+    """An earlier turn of the conversation, on input: only the user or the assistant speaks.
+
+    The system role is the operator's: a turn that claimed it would let whoever writes the
+    event speak with the voice that sets the rules, so the schema rejects it.
+    """
+
+    role: Literal["user", "assistant"]
+
+
+# Brackets, and the fullwidth and small forms NFKC folds to them.
+_LABEL_BRACKETS = re.compile("[\\[\\]<>\ufe47\ufe48\uff3b\uff3d\ufe64\ufe65\uff1c\uff1e]")
+_UNPRINTED = frozenset({"Cc", "Cf", "Zl", "Zp"})  # controls, format characters, line breaks
+
+
 class Chunk(_Record):
     """A retrieved passage, as the reranker ranked it."""
 
-    chunk_id: str = Field(min_length=1)
+    chunk_id: str = Field(
+        min_length=1,
+        description="Printed as the passage label: no line break, control or format "
+        "character, or bracket [ ] < > (nor a fullwidth form of one).",
+    )
     text: str
     doc_id: str | None = Field(default=None, description="Defaults to chunk_id.")
     score: float | None = Field(default=None, allow_inf_nan=False)
@@ -45,12 +66,41 @@ class Chunk(_Record):
     embedding: list[float] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("chunk_id")
+    @classmethod
+    def _usable_as_label(cls, value: str) -> str:
+        """The chunk_id is printed as the label the model cites ("[doc#3] ..."), so it must
+        read as one label: a line break, a control or format character or a bracket could end
+        it early, forge another passage's header or close <documents>.
+
+        Rejected rather than escaped: a citation then names the chunk_id exactly, and real ids
+        ("doc#3", "a/b:c", "Fläche-3", "文書/2") hold none of these characters.
+        """
+        found = _LABEL_BRACKETS.search(value)
+        culprit = found.group() if found else None
+        if culprit is None and not value.isprintable():  # printable: none of them, in C
+            culprit = next((c for c in value if unicodedata.category(c) in _UNPRINTED), None)
+        if culprit is not None:
+            raise ValueError(
+                f"chunk_id holds {culprit!r} (U+{ord(culprit):04X}); it is printed as the "
+                "passage label, which may not hold a line break, a control or format "
+                "character, or a bracket [ ] < > (nor a fullwidth form of one)"
+            )
+        return value
+
     @field_validator("version", mode="before")
     @classmethod
     def _version_as_text(cls, value: object) -> object:
-        # Producers send versions as 3 or "3"; the header prints them the same way.
-        is_number = isinstance(value, int | float) and not isinstance(value, bool)
-        return str(value) if is_number else value
+        # A JSON number has lost what the producer wrote (1.10 parses as 1.1): only text
+        # says which version it is.
+        if isinstance(value, float):
+            raise ValueError(
+                f'version must be a string such as "1.10"; the JSON number {value} cannot say '
+                f'whether it meant "{value}" or "{value}0"'
+            )
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise ValueError(f'version must be a string such as "{value}", not a JSON number')
+        return value
 
     @model_validator(mode="after")
     def _dates_in_order(self) -> Chunk:
@@ -72,7 +122,7 @@ class RetrievalResult(_Record):
     chunks: list[Chunk] = Field(default_factory=list)
     audience: str | None = Field(default=None, description="Who will read the answer.")
     as_of: date | None = Field(default=None, description="Date the answer must hold on.")
-    history: list[Message] = Field(default_factory=list)
+    history: list[HistoryTurn] = Field(default_factory=list)
     policy: str | None = Field(default=None, description="Name of a server-side policy.")
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -170,4 +220,10 @@ class ErrorRecord(_Record):
     reason: str = Field(description="Short machine-readable class: json, schema, limits, engine.")
     message: str
     request_id: str | None = None
-    raw: str = Field(description="The original input, decoded as UTF-8 with replacement.")
+    raw: str = Field(
+        description="The start of the original input (at most 1024 bytes of it, cut at a "
+        "character boundary), decoded as UTF-8 with replacement."
+    )
+    raw_bytes: int = Field(description="Length of the whole input in bytes.")
+    raw_truncated: bool = Field(description="Whether `raw` holds only the start of the input.")
+    raw_sha256: str = Field(description='Digest of the whole input: "sha256:<hex>".')

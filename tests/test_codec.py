@@ -1,11 +1,17 @@
+import hashlib
+import json
+from typing import Any
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.models import RetrievalResult
-from worker.codec import Limits, RejectedInput, decode_event, encode
+from worker.codec import Excerpt, Limits, RejectedInput, decode_event, encode
 
 
-def reject(raw: bytes, limits: Limits | None = None) -> RejectedInput:
+def reject(raw: bytes | Excerpt, limits: Limits | None = None) -> RejectedInput:
     with pytest.raises(RejectedInput) as caught:
         decode_event(raw, limits or Limits())
     return caught.value
@@ -14,6 +20,118 @@ def reject(raw: bytes, limits: Limits | None = None) -> RejectedInput:
 def test_invalid_json_and_invalid_utf8_are_json_errors() -> None:
     assert reject(b"{not json").reason == "json"
     assert reject(b'{"request_id": "\xff\xfe"}').reason == "json"
+
+
+def test_invalid_utf8_is_named_with_its_byte_offset() -> None:
+    assert reject(b'{"request_id": "\xff\xfe"}').message == "not valid UTF-8 at byte 16"
+    surrogate = reject(b'{"request_id": "r\xed\xa0\x80"}')  # UTF-8 of a lone surrogate
+    assert surrogate.message == "not valid UTF-8 at byte 17"
+
+
+@pytest.mark.parametrize(("number", "message"), [
+    (b"NaN", "NaN and Infinity are not JSON numbers (line 1 column 33)"),
+    (b"-Infinity", "NaN and Infinity are not JSON numbers (line 1 column 34)"),
+    (b"1e999", "the number at line 1 column 33 is too large for a double (infinity)"),
+])
+def test_numbers_that_are_not_finite_are_refused_clearly(number: bytes, message: str) -> None:
+    error = reject(b'{"request_id": "r", "question": ' + number + b"}")
+    assert (error.reason, error.message) == ("json", "not valid JSON: " + message)
+
+
+def test_version_numbers_must_be_text() -> None:
+    for version, hint in ((b"1.10", '"1.1" or "1.10"'), (b"3", 'such as "3"')):
+        error = reject(b'{"request_id":"r","question":"q","chunks":[{"chunk_id":"a","text":"t",'
+                       b'"version":' + version + b"}]}")
+        assert error.reason == "schema" and "version must be a string" in error.message
+        assert hint in error.message
+    event = decode_event(b'{"request_id":"r","question":"q","chunks":[{"chunk_id":"a","text":"t",'
+                         b'"version":"1.10"}]}', Limits())
+    assert event.chunks[0].version == "1.10"
+
+
+def event_with(metadata: str) -> bytes:
+    return ('{"request_id": "r", "question": "q", "chunks": [{"chunk_id": "a", "text": "t"}], '
+            f'"metadata": {metadata}}}').encode()
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (b'{"request_id": "r", "question": "q", "chunks": [], "question": "q"}',
+     "duplicate key 'question' in the event"),
+    (b'{"request_id": "r", "question": "q", "chunks": [{"chunk_id": "a", "text": "t"}, '
+     b'{"chunk_id": "b", "text": "t", "text": "u"}]}', "duplicate key 'text' in chunks[1]"),
+    (event_with('{"a b": [{"x": 1, "x": 1}]}'), "duplicate key 'x' in metadata['a b'][0]"),
+    # the copy orjson drops holds the colons: counting colons still sees it
+    (event_with('{"k": "::", "k": "v"}'), "duplicate key 'k' in metadata"),
+    # Go's encoder writes "<" as \u003c: no colon in that
+    (event_with('{"k": "\\u003c/p\\u003e", "k": 1}'), "duplicate key 'k' in metadata"),
+    # the same key spelled with an escaped colon
+    (event_with('{"a:": 1, "a\\u003a": 2}'), "duplicate key 'a:' in metadata"),
+    # deeper than orjson re-encodes (254 levels)
+    (event_with('{"v": ' + "[" * 300 + '{"z": 1, "z": 2}' + "]" * 300 + "}"),
+     "duplicate key 'z' in metadata.v" + "[0]" * 300),
+])
+def test_duplicate_keys_are_refused_with_where_they_are(raw: bytes, message: str) -> None:
+    error = reject(raw)
+    assert (error.reason, error.message, error.request_id) == ("json", message, "r")
+
+
+def test_a_repeated_request_id_names_no_request() -> None:
+    error = reject(b'{"request_id": "r", "question": "q", "request_id": "s"}')
+    assert (error.message, error.request_id) == ("duplicate key 'request_id' in the event", None)
+
+
+def test_colons_in_strings_and_escapes_are_not_duplicates() -> None:
+    for metadata in ('{"a:b": "c:d", "e": "\\u003a :: \\\\u003a \\u003c"}',
+                     '{"v": ' + "[" * 300 + "{}" + "]" * 300 + "}"):
+        assert decode_event(event_with(metadata), Limits()).request_id == "r"
+
+
+KEYS = st.sampled_from(["a", "b", "a:", ":", 'q"', "é"])
+SCALARS = st.one_of(st.integers(-10, 10), st.text(":a\\\"é\x1b", max_size=4), st.none())
+
+
+def spelled(value: str, escape_colons: bool) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text.replace(":", "\\u003a") if escape_colons else text
+
+
+@st.composite
+def json_text(draw: st.DrawFn, depth: int = 0) -> str:
+    """JSON text whose objects may repeat a key, with colons spelled either way."""
+    kind = draw(st.sampled_from(["scalar", "list", "object"] if depth < 3 else ["scalar"]))
+    if kind == "scalar":
+        value = draw(SCALARS)
+        return spelled(value, draw(st.booleans())) if isinstance(value, str) else json.dumps(value)
+    items = draw(st.lists(json_text(depth + 1), max_size=3))
+    if kind == "list":
+        return "[" + ", ".join(items) + "]"
+    keys = [spelled(draw(KEYS), draw(st.booleans())) for _ in items]
+    return "{" + ", ".join(f"{k}: {v}" for k, v in zip(keys, items, strict=True)) + "}"
+
+
+def repeats_a_key(text: str) -> bool:
+    found = False
+
+    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal found
+        found = found or len({k for k, _ in pairs}) < len(pairs)
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=members)
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_text())
+def test_a_repeated_key_is_refused_exactly_when_there_is_one(value: str) -> None:
+    raw = event_with('{"v": ' + value + "}")
+    try:
+        decode_event(raw, Limits())
+        refused = False
+    except RejectedInput as error:
+        assert error.message.startswith("duplicate key"), error.message
+        refused = True
+    assert refused == repeats_a_key(value)
 
 
 def test_schema_errors_name_the_field_and_keep_the_request_id() -> None:
@@ -40,10 +158,26 @@ def test_error_records_keep_the_original_input_and_origin() -> None:
     record = reject(b"\xffbroken").record("events.jsonl:3", b"\xffbroken")
     assert record.origin == "events.jsonl:3" and record.reason == "json"
     assert record.raw.endswith("broken")
+    assert (record.raw_bytes, record.raw_truncated) == (7, False)
+    assert record.raw_sha256 == "sha256:" + hashlib.sha256(b"\xffbroken").hexdigest()
+
+
+def test_error_records_keep_only_the_first_kib_cut_between_characters() -> None:
+    raw = b"x" + "é".encode() * 2000  # the 1024th byte is the middle of an é
+    record = RejectedInput("json", "m").record("f:1", raw)
+    assert record.raw == "x" + "é" * 511 and len(record.raw.encode()) == 1023
+    assert (record.raw_bytes, record.raw_truncated) == (4001, True)
+    assert record.raw_sha256 == "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert RejectedInput("json", "m").record("f:1", Excerpt.of(raw)) == record
+
+
+def test_an_excerpt_is_rejected_for_its_length_without_being_read() -> None:
+    error = reject(Excerpt.of(b"{}" * 100), Limits(max_event_bytes=50))
+    assert (error.reason, error.message) == ("limits", "event is 200 bytes, over max_event_bytes=50")
 
 
 def test_encoding_is_stable_and_round_trips() -> None:
-    event = decode_event(b'{"request_id":"r","question":"q","chunks":[{"chunk_id":"a","text":"t","version":3}]}',
+    event = decode_event(b'{"request_id":"r","question":"q","chunks":[{"chunk_id":"a","text":"t","version":"3"}]}',
                          Limits())
     assert event.chunks[0].version == "3"
     assert encode(event) == encode(RetrievalResult.model_validate_json(encode(event)))

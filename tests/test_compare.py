@@ -24,7 +24,7 @@ def test_a_tighter_budget_names_each_changed_chunk_with_both_reasons() -> None:
     text = result.render()
     assert "policy: estimated sha256:" in text
     assert ("chunk wp-2-periods (rank 2): kept as [wp-2-periods] -> dropped: over_budget "
-            "(needs 314 tokens, 196 of 300 left)") in text
+            "(needs 314 tokens, 195 of 300 left)") in text
     assert "chunk pw2400-safety (rank 5): kept as [pw2400-safety] -> dropped: over_budget" in text
     assert "pw2200-winter" not in text  # dropped as a copy both times: unchanged
     assert "tokens: context 617 -> 196, prompt" in text and "budget 1500 -> 300" in text

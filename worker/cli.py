@@ -1,26 +1,42 @@
 """`context-assembler`: assemble, explain and sweep over JSONL files; the worker commands.
 
 Exit status: 0 when every line was assembled, 1 when some line was rejected, 2 for a
-usage or policy error.
+usage, policy or setup error, 70 for a bug, 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
+import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from pydantic import ValidationError
+
 from schemas.models import AssemblyAudit, RetrievalResult
 from worker import __version__, filemode
-from worker.codec import Limits, RejectedInput, decode_event
-from worker.engine import PolicyError, assemble
-from worker.explain import SEED_BUDGETS, decision_table, sweep, sweep_chart, sweep_table
+from worker.codec import Excerpt, Limits, RejectedInput, decode_event
+from worker.engine import Policy, assemble
+from worker.engine.errors import ContextAssemblerError
+from worker.explain import (
+    SEED_BUDGETS,
+    UnusableInput,
+    decision_table,
+    printable,
+    sweep,
+    sweep_chart,
+    sweep_table,
+)
 from worker.kafka.reader import RangeError, is_position, parse_position, parse_time
-from worker.policies import PolicyRegistry, load_policy, preset_names
-from worker.settings import SettingsError
+from worker.policies import PolicyRegistry, build_registry, load_policy, load_preset, preset_names
+
+# The stream "-" means for each output option.
+STDOUT, STDERR = 1, 2
+_STREAM_OF = {"--out": STDOUT, "--audit": STDOUT, "--errors": STDERR}
 
 
 def _limits(args: argparse.Namespace) -> Limits:
@@ -44,21 +60,35 @@ def _inputs(paths: Sequence[str]) -> Iterator[list[tuple[str, BinaryIO]]]:
 
 
 @contextlib.contextmanager
-def _output(path: str | None, default: BinaryIO | None) -> Iterator[BinaryIO | None]:
-    if path is None or path == "-":
-        yield default
+def _output(option: str, path: str | None) -> Iterator[BinaryIO | None]:
+    """None: not written; "-": stdout or stderr, as it goes; a path: written whole at the end."""
+    if path is None:
+        yield None
+    elif path == "-":
+        yield sys.stdout.buffer if _STREAM_OF[option] == STDOUT else sys.stderr.buffer
     else:
-        with open(path, "wb") as stream:
+        with filemode.output_file(path) as stream:
             yield stream
 
 
+def _refuse_overlaps(inputs: Sequence[str], outputs: dict[str, str | None]) -> None:
+    """Before anything is read or written: no output may be an input or another output."""
+    filemode.refuse_overlaps(
+        [0 if path == "-" else path for path in inputs],
+        {option: _STREAM_OF[option] if path == "-" else path
+         for option, path in outputs.items() if path is not None},
+    )
+
+
 def cmd_assemble(args: argparse.Namespace) -> int:
-    registry = PolicyRegistry(load_policy(args.policy))
+    outputs = {"--out": args.out or "-", "--audit": args.audit, "--errors": args.errors or "-"}
+    _refuse_overlaps(args.files or ["-"], outputs)
+    registry = build_registry(args.policy, args.allow_policy)
     with (
         _inputs(args.files) as sources,
-        _output(args.out, sys.stdout.buffer) as prompts,
-        _output(args.audit, None) as audits,
-        _output(args.errors, sys.stderr.buffer) as errors,
+        _output("--out", outputs["--out"]) as prompts,
+        _output("--audit", outputs["--audit"]) as audits,
+        _output("--errors", outputs["--errors"]) as errors,
     ):
         assert prompts is not None and errors is not None
         totals = filemode.run(
@@ -73,52 +103,81 @@ def cmd_assemble(args: argparse.Namespace) -> int:
     return 1 if totals.rejected else 0
 
 
-def _events(args: argparse.Namespace) -> Iterator[tuple[str, bytes]]:
+def _events(args: argparse.Namespace) -> Iterator[tuple[str, bytes | Excerpt]]:
     with _inputs([args.events]) as sources:
         for name, stream in sources:
-            for number, line in enumerate(stream, start=1):
-                if line.strip():
-                    yield f"{name}:{number}", line.rstrip(b"\r\n")
+            for number, line in filemode.read_lines(stream, args.max_event_bytes):
+                yield f"{name}:{number}", line
 
 
-def _selected_events(args: argparse.Namespace) -> Iterator[RetrievalResult]:
-    found = False
+def _selected_events(
+    args: argparse.Namespace, registry: PolicyRegistry
+) -> Iterator[tuple[RetrievalResult, Policy]]:
+    """The events asked for, each with its policy; a line that cannot be assembled is
+    named on stderr and skipped, as the file mode would reject it."""
+    found = skipped = False
     for origin, raw in _events(args):
         try:
             event = decode_event(raw, _limits(args))
+            if args.request_id not in (None, event.request_id):
+                continue
+            policy = registry.resolve(event.policy, event.request_id)
         except RejectedInput as error:
-            print(f"{origin}: skipped: {error.reason}: {error.message}", file=sys.stderr)
+            print(printable(f"{origin}: skipped: {error.reason}: {error.message}"),
+                  file=sys.stderr)
+            skipped = skipped or error.request_id == args.request_id
             continue
-        if args.request_id in (None, event.request_id):
-            found = True
-            yield event
+        found = True
+        yield event, policy
     if args.request_id is not None and not found:
-        raise LookupError(f"request {args.request_id!r} is not in {args.events}")
+        where = "was skipped" if skipped else "is not"
+        raise LookupError(f"request {args.request_id!r} {where} in {args.events}")
+
+
+def _audit(data: bytes | str, where: str) -> AssemblyAudit:
+    try:
+        return AssemblyAudit.model_validate_json(data)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        place = ".".join(str(p) for p in problem["loc"]) or "<root>"
+        raise UnusableInput(f"{where}: not an AssemblyAudit: {place}: {problem['msg']}") from None
 
 
 def _recorded_audits(path: str) -> dict[str, AssemblyAudit]:
     """request_id -> the last audit recorded for it in an audit JSONL file."""
+    audits: dict[str, AssemblyAudit] = {}
     with open(path, "rb") as stream:
-        audits = (AssemblyAudit.model_validate_json(line) for line in stream if line.strip())
-        return {audit.request_id: audit for audit in audits}
+        for number, line in enumerate(stream, start=1):
+            if line.strip():
+                audit = _audit(line, f"{path}:{number}")
+                audits[audit.request_id] = audit
+    return audits
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    registry = PolicyRegistry(load_policy(args.policy))
     if args.kafka:
-        return _explain_from_kafka(args, registry)
+        return _explain_from_kafka(args)
+    registry = build_registry(args.policy, args.allow_policy)
     recorded = _recorded_audits(args.audit) if args.audit else {}
-    for event in _selected_events(args):
-        policy = registry.resolve(event.policy, event.request_id)
+    for event, policy in _selected_events(args, registry):
         audit = recorded.get(event.request_id) or assemble(event, policy).audit
         if args.audit and event.request_id not in recorded:
-            print(f"(no recorded audit for {event.request_id}: assembled now)", file=sys.stderr)
+            print(printable(f"(no recorded audit for {event.request_id}: assembled now)"),
+                  file=sys.stderr)
         print(decision_table(event, audit, policy))
         print()
     return 0
 
 
-def _explain_from_kafka(args: argparse.Namespace, registry: PolicyRegistry) -> int:
+def _recorded_policy(registry: PolicyRegistry, name: str) -> Policy:
+    """The policy an audit names: allowed here, else the preset of that name, else the
+    service policy. The operator runs explain, so any preset may be shown."""
+    if name in registry.allowed_names:
+        return registry.resolve(name)
+    return load_preset(name) if name in preset_names() else registry.default
+
+
+def _explain_from_kafka(args: argparse.Namespace) -> int:
     import asyncio
 
     from worker.kafka.replay import find_recorded
@@ -127,46 +186,59 @@ def _explain_from_kafka(args: argparse.Namespace, registry: PolicyRegistry) -> i
     if args.request_id is None:
         raise LookupError("explain --kafka needs a REQUEST_ID")
     settings = load_settings()
+    registry = build_registry(args.policy or settings.policy_file,
+                              args.allow_policy or settings.allowed_policies)
     raw, audit_bytes, origin = asyncio.run(find_recorded(
         args.bootstrap_servers or settings.bootstrap_servers,
         args.audit_topic or settings.audit_topic,
         args.request_id,
         parse_time(args.from_time) if args.from_time else None,
     ))
-    event = decode_event(raw, _limits(args))
-    audit = AssemblyAudit.model_validate_json(audit_bytes)
-    policy = registry.resolve(audit.policy.name if audit.policy.name in preset_names() else None)
-    print(f"input {origin}")
+    try:
+        event = decode_event(raw, _limits(args))
+    except RejectedInput as error:
+        raise UnusableInput(f"the input {origin} cannot be decoded: {error.reason}: "
+                            f"{error.message}") from None
+    audit = _audit(audit_bytes, f"the audit of {args.request_id!r}")
+    policy = _recorded_policy(registry, audit.policy.name)
+    print(printable(f"input {origin}"))
     if policy.hash != audit.policy.hash:
-        print(f"(recorded under {audit.policy.hash}; tokens of dropped chunks are counted "
-              f"under {policy.name} {policy.hash})")
+        print(printable(f"(recorded under {audit.policy.hash}; tokens of dropped chunks are "
+                        f"counted under {policy.name} {policy.hash})"))
     print(decision_table(event, audit, policy))
     return 0
 
 
-def _budgets(text: str | None) -> list[int]:
-    if not text:
-        return SEED_BUDGETS
+def _budgets(text: str) -> list[int]:
+    """"100:1000:50,1500": every 50 from 100 to 1000, then 1500."""
     budgets: list[int] = []
-    for part in text.split(","):
-        if ":" in part:
-            start, stop, step = (int(x) for x in part.split(":"))
-            budgets.extend(range(start, stop + 1, step))
-        else:
-            budgets.append(int(part))
+    try:
+        for part in text.split(","):
+            if ":" in part:
+                start, stop, step = (int(x) for x in part.split(":"))
+                budgets.extend(range(start, stop + 1, step))
+            else:
+                budgets.append(int(part))
+    except ValueError:
+        budgets = []
+    if not budgets:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected budgets such as 100:1000:50,1500")
     return budgets
 
 
+_NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9._-]")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    registry = PolicyRegistry(load_policy(args.policy))
-    for event in _selected_events(args):
-        policy = registry.resolve(event.policy, event.request_id)
-        points = sweep(event, policy, _budgets(args.budgets))
+    registry = build_registry(args.policy, args.allow_policy)
+    for event, policy in _selected_events(args, registry):
+        points = sweep(event, policy, args.budgets or SEED_BUDGETS)
         print(sweep_table(event, points))
         if args.png:
             png = Path(args.png)
-            if args.request_id is None:  # one chart per request
-                png = png.with_name(f"{png.stem}-{event.request_id}{png.suffix}")
+            if args.request_id is None:  # one chart per request, named after it (untrusted)
+                name = _NOT_IN_FILE_NAMES.sub("_", event.request_id)
+                png = png.with_name(f"{png.stem}-{name}{png.suffix}")
             sweep_chart(event, points, str(png))
             print(f"chart: {png}")
         print()
@@ -212,13 +284,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.start and args.from_time:
         raise RangeError("give --from or --from-time, not both")
+    _refuse_overlaps([], {"--out": args.out, "--audit": args.audit, "--errors": args.errors})
     settings = load_settings()
     request = ReplayRequest(
         bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
         input_topic=args.input_topic or settings.input_topic,
         prompts_topic=args.prompts_topic or settings.prompts_topic,
         audit_topic=args.audit_topic or settings.audit_topic,
-        registry=PolicyRegistry(load_policy(args.policy or settings.policy_file)),
+        registry=build_registry(args.policy or settings.policy_file,
+                                args.allow_policy or settings.allowed_policies),
         limits=_limits(args),
         starts=[parse_position(p) for p in args.start],
         from_ms=parse_time(args.from_time) if args.from_time else None,
@@ -256,16 +330,38 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number")
+    return value
+
+
 def _add_limits(parser: argparse.ArgumentParser) -> None:
     defaults = Limits()
-    parser.add_argument("--max-event-bytes", type=int, default=defaults.max_event_bytes)
-    parser.add_argument("--max-chunks", type=int, default=defaults.max_chunks)
-    parser.add_argument("--max-chunk-chars", type=int, default=defaults.max_chunk_chars)
+    parser.add_argument("--max-event-bytes", type=_positive, default=defaults.max_event_bytes)
+    parser.add_argument("--max-chunks", type=_positive, default=defaults.max_chunks)
+    parser.add_argument("--max-chunk-chars", type=_positive, default=defaults.max_chunk_chars)
+
+
+def _add_policies(
+    parser: argparse.ArgumentParser, policy_help: str, allow_default: str = "default: none"
+) -> None:
+    parser.add_argument("--policy", help=policy_help)
+    parser.add_argument(
+        "--allow-policy", action="append", default=[], metavar="NAME",
+        help=f"a policy requests may name: preset or TOML file (repeatable); {allow_default}",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="context-assembler", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an unexpected error")
     commands = parser.add_subparsers(dest="command", required=True)
     policy_help = f"TOML policy file or preset ({', '.join(preset_names())}); default: default"
 
@@ -273,9 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
         "assemble", help="RetrievalResult JSONL in, AssembledPrompt JSONL out"
     )
     run.add_argument("files", nargs="*", help="JSONL files, or - for stdin (the default)")
-    run.add_argument("--policy", help=policy_help)
+    _add_policies(run, policy_help)
     run.add_argument("--out", help="AssembledPrompt JSONL (default: stdout)")
-    run.add_argument("--audit", help="AssemblyAudit JSONL (default: not written)")
+    run.add_argument("--audit", help="AssemblyAudit JSONL, - for stdout (default: not written)")
     run.add_argument("--errors", help="error records JSONL (default: stderr)")
     _add_limits(run)
     run.set_defaults(handler=cmd_assemble)
@@ -289,15 +385,17 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
     explain.add_argument("--audit-topic", help="default: ASSEMBLER_AUDIT_TOPIC")
     explain.add_argument("--from-time", help="search audits from this ISO-8601 time on")
-    explain.add_argument("--policy", help=policy_help)
+    _add_policies(explain, policy_help + " (with --kafka: ASSEMBLER_POLICY_FILE)",
+                  "default: none (with --kafka: ASSEMBLER_ALLOWED_POLICIES)")
     _add_limits(explain)
     explain.set_defaults(handler=cmd_explain)
 
     sweeper = commands.add_parser("sweep", help="what fits at each passage budget")
     sweeper.add_argument("request_id", nargs="?", help="only this request (default: all)")
     sweeper.add_argument("--events", default="-", help="RetrievalResult JSONL (default: stdin)")
-    sweeper.add_argument("--policy", help=policy_help)
-    sweeper.add_argument("--budgets", help="e.g. 100:1000:50,1500 (the default, seed 000's slider)")
+    _add_policies(sweeper, policy_help)
+    sweeper.add_argument("--budgets", type=_budgets,
+                         help="e.g. 100:1000:50,1500 (the default, seed 000's slider)")
     sweeper.add_argument("--png", help="also draw the sweep as a PNG chart")
     _add_limits(sweeper)
     sweeper.set_defaults(handler=cmd_sweep)
@@ -319,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     rerun.add_argument("--to", action="append", default=[], metavar="P:OFFSET|TIME",
                        help="end (exclusive): an offset of a partition, or an ISO-8601 time")
     rerun.add_argument("--count", type=int, help="stop after this many events")
-    rerun.add_argument("--policy", help=policy_help + " (default: ASSEMBLER_POLICY_FILE)")
+    _add_policies(rerun, policy_help + " (default: ASSEMBLER_POLICY_FILE)",
+                  "default: ASSEMBLER_ALLOWED_POLICIES")
     rerun.add_argument("--out", help="AssembledPrompt JSONL")
     rerun.add_argument("--audit", help="AssemblyAudit JSONL")
     rerun.add_argument("--errors", help="error records JSONL for rejected events")
@@ -341,13 +440,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bug(error: Exception, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(error)
+    print(f"context-assembler: {type(error).__name__}: {printable(str(error))} (this is a bug; "
+          "please report it" + ("" if debug else ", with the traceback --debug prints") + ")",
+          file=sys.stderr)
+    return 70
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         status: int = args.handler(args)
-    except (PolicyError, LookupError, OSError, RangeError, SettingsError) as error:
-        print(f"context-assembler: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    except (KeyError, IndexError) as error:  # LookupErrors no command raises on purpose
+        return _bug(error, args.debug)
+    except (ContextAssemblerError, LookupError, OSError, RangeError) as error:
+        print(f"context-assembler: {printable(str(error))}", file=sys.stderr)
         return 2
+    except Exception as error:
+        return _bug(error, args.debug)
     return status
 
 

@@ -1,13 +1,31 @@
-"""Readable views of the engine's decisions: one request's table, and a budget sweep."""
+"""Readable views of the engine's decisions: one request's table, and a budget sweep.
+
+What they show comes from events, which are untrusted: control characters are escaped so
+that a chunk id cannot move the cursor, recolour or rewrite the operator's terminal.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from schemas.models import AssemblyAudit, Chunk, RetrievalResult
 from worker.engine import assemble, render
+from worker.engine.errors import ContextAssemblerError
 from worker.engine.policy import Policy, policy_from_mapping
 from worker.engine.tokens import get_counter
+
+# C0 and C1 controls (ESC and CSI start ANSI sequences), bidi controls, line separators.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape (\\x1b, \\u202e)."""
+    return _UNSAFE.sub(lambda match: ascii(match.group())[1:-1], text)
+
+
+class UnusableInput(ContextAssemblerError):
+    """An input the command cannot show: an audit of another version of the event, say."""
 
 
 def passage_tokens(chunk: Chunk, policy: Policy) -> int:
@@ -21,6 +39,11 @@ def decision_table(event: RetrievalResult, audit: AssemblyAudit, policy: Policy)
     """Rank, chunk, document, tokens, and kept with its label or dropped with its reason."""
     kept = {k.rank: k for k in audit.kept}
     dropped = {d.rank: d for d in audit.dropped}
+    if kept.keys() | dropped.keys() != set(range(1, len(event.chunks) + 1)):
+        raise UnusableInput(
+            f"the audit of {audit.request_id!r} does not decide exactly the "
+            f"{len(event.chunks)} chunks of its event: not the same input"
+        )
     rows = [("rank", "chunk", "document", "tokens", "decision")]
     for rank, chunk in enumerate(event.chunks, start=1):
         if rank in kept:
@@ -31,14 +54,15 @@ def decision_table(event: RetrievalResult, audit: AssemblyAudit, policy: Policy)
             drop = dropped[rank]
             tokens = str(passage_tokens(chunk, policy))
             decision = f"dropped: {drop.reason.value}: {drop.detail}"
-        rows.append((str(rank), chunk.chunk_id, chunk.document, tokens, decision))
+        rows.append((str(rank), printable(chunk.chunk_id), printable(chunk.document), tokens,
+                     printable(decision)))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = [
+    lines = [printable(
         f"request {audit.request_id} | policy {audit.policy.name} ({audit.policy.hash}) | "
         f"tokenizer {audit.tokens.tokenizer} | budget {audit.tokens.budget} | "
         f"context {audit.tokens.context} tokens | prompt {audit.tokens.prompt} tokens"
-        + (" | ABSTAINED: nothing usable" if audit.abstained else ""),
-    ]
+        + (" | ABSTAINED: nothing usable" if audit.abstained else "")
+    )]
     for row in rows:
         cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2]),
                  row[3].rjust(widths[3]), row[4]]
@@ -69,12 +93,12 @@ def sweep(event: RetrievalResult, policy: Policy, budgets: list[int]) -> list[Sw
 
 
 def sweep_table(event: RetrievalResult, points: list[SweepPoint]) -> str:
-    lines = [f"request {event.request_id}: passages in the prompt at each budget",
+    lines = [f"request {printable(event.request_id)}: passages in the prompt at each budget",
              "budget  passages  tokens  kept"]
     for point in points:
         lines.append(
             f"{point.budget:>6}  {len(point.kept):>4} of {len(event.chunks):<2} {point.tokens:>6}  "
-            + " ".join(point.kept)
+            + " ".join(map(printable, point.kept))
         )
     return "\n".join(lines)
 

@@ -1,3 +1,5 @@
+from tests.factories import chunk, event, policy
+from worker.engine import assemble, compress
 from worker.engine.compress import extract_relevant, sentences
 from worker.engine.tokens import get_counter
 
@@ -30,3 +32,13 @@ def test_nothing_to_gain_gives_none() -> None:
 def test_sentences_split_on_lines_and_full_stops() -> None:
     assert sentences("Title\nFirst one. Second one!\n\n- bullet") == [
         "Title", "First one.", "Second one!", "- bullet"]
+
+
+def test_the_question_is_split_once_per_event_not_once_per_passage() -> None:
+    """A 20,000-character question times 2,000 passages would be 40 M characters to split."""
+    question = "how long are pumps covered " * 700
+    chunks = [chunk(f"c{i}", f"Pumps are covered for {i} years. Hoses are not. Shops open at nine.")
+              for i in range(50)]
+    before = compress._question_words.cache_info().misses
+    assemble(event(chunks, question), policy(compress={"mode": "always"}))
+    assert compress._question_words.cache_info().misses == before + 1

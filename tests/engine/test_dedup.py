@@ -1,8 +1,13 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from schemas.models import Chunk, DropReason
-from tests.factories import chunk
+from tests.factories import chunk, event, example, policy
+from worker.engine import assemble
 from worker.engine.candidate import Candidate
 from worker.engine.dedup import CopyDetector, drop_repeated_ids, prefix_length
-from worker.engine.policy import DedupPolicy
+from worker.engine.policy import DedupPolicy, Policy
+from worker.engine.words import WORD, chunk_words, has_words, jaccard
 
 RETURNS = ("Return window\nYou can return an unused item within {d} days of delivery for a "
            "refund to the original payment method, with the receipt or order number.")
@@ -25,11 +30,14 @@ def first_copy(chunks: list[Chunk], **policy: object) -> dict[str, tuple[str, st
 
 
 def test_two_versions_of_one_document_are_never_merged_seed_000() -> None:
-    v3 = chunk("v3", "Returns policy\n" + RETURNS.format(d=30), doc_id="returns-policy")
-    v4 = chunk("v4", "Returns policy\n" + RETURNS.format(d=45), doc_id="returns-policy")
+    v3 = chunk("v3", "Returns policy\n" + RETURNS.format(d=30), doc_id="returns-policy", title="Returns policy")
+    v4 = chunk("v4", "Returns policy\n" + RETURNS.format(d=45), doc_id="returns-policy", title="Returns policy")
     assert first_copy([v3, v4]) == {"v3": ("kept", None, 0.0), "v4": ("kept", None, 0.0)}
-    # The rule that would have deleted the answer: 24 of 26 words shared.
-    assert first_copy([v3, v4], same_document="dedup")["v4"] == ("near_duplicate", "v3", 0.923)
+    # Seed 000's "changed rule" merges within a document; the number rule still keeps both...
+    assert first_copy([v3, v4], same_document="dedup")["v4"] == ("kept", None, 0.0)
+    # ...and without it, the answer is deleted: 24 of 26 words shared.
+    assert first_copy([v3, v4], same_document="dedup", numbers_must_match=False)["v4"] == (
+        "near_duplicate", "v3", 0.923)
 
 
 def test_identical_versions_of_one_document_stay_too() -> None:
@@ -40,8 +48,8 @@ def test_identical_versions_of_one_document_stay_too() -> None:
 
 def test_the_title_line_is_left_out_and_rank_decides_which_copy_stays() -> None:
     body = "Drain all water from the pump and hoses before the frost."
-    a = chunk("pw2400", "PW-2400 guide\n" + body, doc_id="pw2400")
-    b = chunk("pw2200", "PW-2200 guide\n" + body, doc_id="pw2200")
+    a = chunk("pw2400", "PW-2400 guide\n" + body, doc_id="pw2400", title="PW-2400 guide")
+    b = chunk("pw2200", "PW-2200 guide\n" + body, doc_id="pw2200", title="PW-2200 guide")
     assert first_copy([a, b])["pw2200"] == ("near_duplicate", "pw2400", 1.0)
     assert first_copy([a, b], drop_title_line=False)["pw2200"][0] == "kept"
 
@@ -49,10 +57,13 @@ def test_the_title_line_is_left_out_and_rank_decides_which_copy_stays() -> None:
 def test_parts_lists_that_differ_in_part_numbers_stay_at_0_818() -> None:
     body = ("Spare parts\nOrder spare parts by number: the pump kit PK-{m}-{k}, the trigger "
             "gun TG-{m} and the hose HS-{m}, from the web shop.")
-    a = chunk("p24", "PW-2400 guide\n" + body.format(m=2400, k="03"), doc_id="pw2400")
-    b = chunk("p22", "PW-2200 guide\n" + body.format(m=2200, k="07"), doc_id="pw2200")
+    a = chunk("p24", "PW-2400 guide\n" + body.format(m=2400, k="03"), doc_id="pw2400", title="PW-2400 guide")
+    b = chunk("p22", "PW-2200 guide\n" + body.format(m=2200, k="07"), doc_id="pw2200", title="PW-2200 guide")
     assert first_copy([a, b])["p22"] == ("kept", None, 0.0)
-    assert first_copy([a, b], near_threshold=0.8)["p22"] == ("near_duplicate", "p24", 0.818)
+    # Their part numbers differ, so even at 0.8 both stay; only without the rule is 0.818 a copy.
+    assert first_copy([a, b], near_threshold=0.8)["p22"] == ("kept", None, 0.0)
+    assert first_copy([a, b], near_threshold=0.8, numbers_must_match=False)["p22"] == (
+        "near_duplicate", "p24", 0.818)
 
 
 def test_exact_and_near_copies_seed_002_example_2() -> None:
@@ -65,11 +76,14 @@ def test_exact_and_near_copies_seed_002_example_2() -> None:
         "faq-tracking": "You can track your order with the tracking number in your confirmation email.",
         "policy-warranty": "Electronics carry a twelve month warranty covering manufacturing defects only.",
     }
-    decisions = first_copy([chunk(k, v) for k, v in texts.items()], near_threshold=0.8)
+    chunks = [chunk(k, v) for k, v in texts.items()]
+    decisions = first_copy(chunks, near_threshold=0.8, numbers_must_match=False)
     assert decisions["policy-returns-copy"] == ("duplicate", "policy-returns", 1.0)
     assert decisions["policy-returns-near"] == ("near_duplicate", "policy-returns", 0.846)
     assert [k for k, v in decisions.items() if v[0] == "kept"] == [
         "policy-returns", "policy-shipping", "blog-holiday", "faq-tracking", "policy-warranty"]
+    # By default "5" is a number the other passage lacks ("five" is a word): both stay.
+    assert first_copy(chunks, near_threshold=0.8)["policy-returns-near"] == ("kept", None, 0.0)
 
 
 def test_seed_004_dedupe_keeps_three_of_four() -> None:
@@ -101,3 +115,99 @@ def test_prefix_length_is_exact_at_float_edges() -> None:
     assert prefix_length(10, 0.9) == 2  # 0.9 * 10 must count as 9
     assert prefix_length(26, 0.9) == 3
     assert prefix_length(1, 0.9) == 1
+
+
+WARRANTY = ("The pump of this model is covered for {n} months from the delivery date on the "
+            "receipt, for defects in materials and workmanship only; wear parts are always excluded.")
+
+
+def test_guides_that_differ_only_in_a_number_both_stay() -> None:
+    """Reproduced: "12 months" and "24 months" shared 0.926 of their words and one was dropped."""
+    a = chunk("garden", "Garden pump guide\n" + WARRANTY.format(n=12), doc_id="garden", title="Garden pump guide")
+    b = chunk("pond", "Pond pump guide\n" + WARRANTY.format(n=24), doc_id="pond", title="Pond pump guide")
+    assert first_copy([a, b]) == {"garden": ("kept", None, 0.0), "pond": ("kept", None, 0.0)}
+    assert first_copy([a, b], numbers_must_match=False)["pond"] == ("near_duplicate", "garden", 0.926)
+
+
+def test_the_same_numbers_said_again_are_still_a_copy() -> None:
+    a = chunk("a", "Garden pump guide\n" + WARRANTY.format(n=12), doc_id="garden", title="Garden pump guide")
+    b = chunk("b", "Pond pump guide\n" + WARRANTY.format(n=12) + " Again: 12 months.", doc_id="pond",
+              title="Pond pump guide")
+    assert first_copy([a, b])["b"] == ("near_duplicate", "a", 0.963)  # "again" is the new word
+    same = chunk("c", a.text, doc_id="pond")
+    assert first_copy([a, same])["c"] == ("duplicate", "a", 1.0)  # identical text: unaffected
+
+
+def test_different_first_lines_of_faq_chunks_are_answers_not_titles() -> None:
+    """Reproduced: the first line was always left out, so two different answers merged."""
+    rest = ("Returns are free within the return window; bring the receipt or the order number "
+            "to any store, or send the item back with the prepaid label from your account.")
+    faq = {"title": "Returns FAQ", "doc_type": "faq"}
+    yes = chunk("yes", "Yes, sale items can be returned like any other item.\n" + rest, doc_id="faq-a", **faq)
+    no = chunk("no", "No, gift cards can never be returned or refunded.\n" + rest, doc_id="faq-b", **faq)
+    assert first_copy([yes, no]) == {"yes": ("kept", None, 0.0), "no": ("kept", None, 0.0)}
+    # Under a title line that is the title, the same bodies are one passage.
+    a = chunk("a", "Returns FAQ\n" + rest, doc_id="faq-a", **faq)
+    b = chunk("b", "Returns faq:\n" + rest, doc_id="faq-b", **faq)  # the same words
+    assert first_copy([a, b])["b"] == ("near_duplicate", "a", 1.0)
+
+
+def test_the_first_line_is_left_out_only_when_it_is_the_title() -> None:
+    text = "PW-2400 Care Guide\nWinter storage\nEmpty the pump."
+    body = {"winter", "storage", "empty", "the", "pump"}
+    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line=True).all == body
+    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line=False).all == body | {"pw", "2400", "care", "guide"}
+    assert chunk_words(chunk("a", text), drop_title_line=True).all == body | {"pw", "2400", "care", "guide"}
+    assert chunk_words(chunk("a", text, title="PW-2400"), drop_title_line=True).all == body | {"pw", "2400", "care", "guide"}
+    one_line = chunk("a", "PW-2400 care guide", title="PW-2400 care guide")  # no body: nothing left out
+    assert chunk_words(one_line, drop_title_line=True).all == {"pw", "2400", "care", "guide"}
+    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line=True).numbers == set()
+    assert chunk_words(chunk("a", text), drop_title_line=True).numbers == {"2400"}
+
+
+def test_seed_000_q30_and_parts_are_reproduced_with_the_example_texts() -> None:
+    q30 = first_copy(list(example("q30-staff").chunks))
+    assert q30["pw2200-winter"] == ("near_duplicate", "pw2400-winter", 1.0)
+    assert [k for k, v in q30.items() if v[0] == "kept"] == [
+        "wcp-3-pumps", "wp-2-periods", "pw2400-winter", "pw2400-safety"]
+    parts = list(example("parts").chunks)
+    assert first_copy(parts)["pw2200-parts"] == ("kept", None, 0.0)
+    assert first_copy(parts, near_threshold=0.8, numbers_must_match=False)["pw2200-parts"] == (
+        "near_duplicate", "pw2400-parts", 0.818)
+    dropped = assemble(example("q30-staff"), Policy()).audit.dropped
+    assert [(d.chunk_id, d.detail, d.similarity) for d in dropped] == [(
+        "pw2200-winter", "near-duplicate of pw2400-winter (rank 3), jaccard 1.000", 1.0)]
+
+
+PROSE = st.lists(st.sampled_from("the pump hose kit warranty months covers delivery receipt parts of a for".split()),
+                 min_size=1, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(PROSE, st.integers(0, 40), st.lists(st.integers(0, 99_999), min_size=2, max_size=2, unique=True),
+       st.lists(st.integers(0, 99_999), max_size=3), st.booleans(), st.sampled_from(["", ".5", "%"]))
+def test_texts_that_differ_in_a_number_are_never_near_duplicates(
+    prose: list[str], at: int, pair: list[int], shared: list[int], titled: bool, suffix: str
+) -> None:
+    """Two chunks of different documents whose texts differ in a number: both stay."""
+    def text(number: int) -> str:
+        body = [*prose, *(str(n) for n in shared if n not in pair)]
+        body.insert(at % (len(body) + 1), f"{number}{suffix}")
+        return "Pump guide\n" + " ".join(body)
+
+    title = "Pump guide" if titled else None
+    a = chunk("a", text(pair[0]), doc_id="d1", title=title)
+    b = chunk("b", text(pair[1]), doc_id="d2", title=title)
+    result = assemble(event([a, b]), Policy())
+    assert all(d.reason is not DropReason.NEAR_DUPLICATE for d in result.audit.dropped)
+    assert [k.chunk_id for k in result.audit.kept] == ["a", "b"]
+    if jaccard(chunk_words(a, drop_title_line=True).all, chunk_words(b, drop_title_line=True).all) >= 0.9:
+        off = policy(dedup={"numbers_must_match": False})  # the rule is what keeps both
+        assert [d.reason for d in assemble(event([a, b]), off).audit.dropped] == [DropReason.NEAR_DUPLICATE]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list(" .,-\n\t_aZ9é—…中"))), st.integers(0, 100))
+def test_has_words_agrees_with_the_regex_at_any_offset(text: str, padding: int) -> None:
+    text = "." * padding + text  # the first word may lie past the fast path's first 64 characters
+    assert has_words(text) == (WORD.search(text) is not None)

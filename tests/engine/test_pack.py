@@ -73,8 +73,8 @@ def test_max_chunks_and_min_score() -> None:
 
 def test_a_copy_of_a_passage_that_did_not_fit_gets_its_own_chance() -> None:
     body = "The pump warranty of the pressure washer is three years from delivery."
-    long_title = chunk("a", "A very long guide title\n" + body, doc_id="1")
-    short = chunk("b", "Guide\n" + body, doc_id="2")
+    long_title = chunk("a", "A very long guide title\n" + body, doc_id="1", title="A very long guide title")
+    short = chunk("b", "Guide\n" + body, doc_id="2", title="Guide")
     kept, dropped = run([long_title, short], {"a": 30, "b": 20}, 25)
     assert (kept, dropped) == (["b"], {"a": "over_budget"})
     kept, dropped = run([long_title, short], {"a": 20, "b": 20}, 45)

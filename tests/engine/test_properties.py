@@ -16,7 +16,7 @@ from worker.engine.candidate import Candidate
 from worker.engine.dedup import CopyDetector
 from worker.engine.policy import DedupPolicy, Policy, policy_from_mapping
 from worker.engine.tokens import EXACT_TOKENIZERS, get_counter
-from worker.engine.words import jaccard, word_set
+from worker.engine.words import chunk_words, jaccard
 
 # A small vocabulary makes near-duplicates and identical texts common.
 WORDS = st.sampled_from(["pump", "hose", "kit", "warranty", "years", "days", "refund", "policy", "staff", "frost", "the", "a", "of", "30", "45", "PW-2200", "PW-2400", "</documents>", "[S1]"])
@@ -32,7 +32,7 @@ def chunks(draw: st.DrawFn) -> dict[str, Any]:
         "doc_id": draw(st.none() | st.sampled_from(["d1", "d2", "d3"])),
         "text": draw(st.sampled_from(["Title A", "Title B"])) + "\n" + draw(TEXT),
         "score": draw(st.none() | st.floats(-2, 2)),
-        "title": draw(st.none() | st.sampled_from(["Guide", "Policy"])),
+        "title": draw(st.none() | st.sampled_from(["Guide", "Policy", "Title A"])),
         "source": draw(st.none() | st.sampled_from(["s1", "s2"])),
         "version": draw(st.none() | st.sampled_from(["3", "4"])),
         "effective_from": start,
@@ -69,7 +69,8 @@ def policies(draw: st.DrawFn) -> Policy:
         "budget": budget,
         "dedup": {"near_threshold": draw(st.sampled_from([0.5, 0.8, 0.9, 1.0])),
                   "same_document": draw(st.sampled_from(["keep", "dedup"])),
-                  "drop_title_line": draw(st.booleans())},
+                  "drop_title_line": draw(st.booleans()),
+                  "numbers_must_match": draw(st.booleans())},
         "select": {"packing": draw(st.sampled_from(["skip", "stop", "density", "mmr"])),
                    "max_chunks": draw(st.none() | st.integers(1, 5)),
                    "min_score": draw(st.none() | st.floats(-1, 1))},
@@ -147,9 +148,11 @@ def test_invariants(event: RetrievalResult, policy: Policy) -> None:
                 continue
             assert a.text != b.text
             if policy.dedup.near:
-                similarity = jaccard(word_set(a.text, drop_title_line=policy.dedup.drop_title_line),
-                                     word_set(b.text, drop_title_line=policy.dedup.drop_title_line))
-                assert similarity < policy.dedup.near_threshold - 1e-9
+                wa = chunk_words(a, drop_title_line=policy.dedup.drop_title_line)
+                wb = chunk_words(b, drop_title_line=policy.dedup.drop_title_line)
+                # Both stay when one holds a number the other lacks (numbers_must_match).
+                numbers_differ = policy.dedup.numbers_must_match and wa.numbers != wb.numbers
+                assert numbers_differ or jaccard(wa.all, wb.all) < policy.dedup.near_threshold - 1e-9
 
     # The question is the last thing the model reads.
     assert prompt.messages[-1].role == "user"
@@ -162,13 +165,13 @@ def test_invariants(event: RetrievalResult, policy: Policy) -> None:
 @SETTINGS
 @given(st.lists(TEXT, max_size=20), st.sampled_from([0.3, 0.5, 0.7, 0.8, 0.9, 1.0]))
 def test_prefix_filter_finds_exactly_the_pairs_a_full_scan_finds(texts: list[str], t: float) -> None:
-    detector = CopyDetector(DedupPolicy(near_threshold=t, drop_title_line=False))
+    detector = CopyDetector(DedupPolicy(near_threshold=t, drop_title_line=False, numbers_must_match=False))
     kept: list[Candidate] = []
     for rank, text in enumerate(texts, start=1):
         candidate = Candidate(rank, chunk(f"c{rank}", text or "empty"))
-        words = word_set(candidate.chunk.text, drop_title_line=False)
+        words = chunk_words(candidate.chunk, drop_title_line=False).all
         expected = [k for k in kept if k.chunk.text != candidate.chunk.text
-                    and jaccard(words, word_set(k.chunk.text, drop_title_line=False)) >= t - 1e-9]
+                    and jaccard(words, chunk_words(k.chunk, drop_title_line=False).all) >= t - 1e-9]
         identical = [k for k in kept if k.chunk.text == candidate.chunk.text]
         twin = detector.find_twin(candidate)
         if identical:

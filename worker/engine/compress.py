@@ -7,6 +7,7 @@ number that is the answer.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from worker.engine.words import words
@@ -24,6 +25,12 @@ def content_words(text: str) -> frozenset[str]:
     return frozenset(words(text)) - _STOPWORDS
 
 
+# Every passage of an event may be compressed against the same question: split it once per
+# event, not once per passage (a 20,000-character question times 2,000 chunks). One entry:
+# the memory of one question, which the codec's limits bound.
+_question_words = functools.lru_cache(maxsize=1)(content_words)
+
+
 def sentences(text: str) -> list[str]:
     pieces: list[str] = []
     for line in text.splitlines():
@@ -33,7 +40,7 @@ def sentences(text: str) -> list[str]:
 
 def extract_relevant(text: str, question: str, max_sentences: int) -> str | None:
     """The `max_sentences` most question-like sentences, or None when that saves nothing."""
-    question_words = content_words(question)
+    question_words = _question_words(question)
     parts = sentences(text)
     scored = [
         (len(question_words & content_words(sentence)), index)

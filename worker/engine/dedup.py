@@ -6,12 +6,30 @@ in the audit points at a passage the model actually saw. Packing walks in rank o
 default, so the best-ranked copy wins.
 
 Two chunks of one document are never merged unless the policy says so: versions 3 and 4
-of a returns policy differ in the one number that is the answer.
+of a returns policy differ in the one number that is the answer. For the same reason, by
+default, two chunks are near-duplicates only if they hold the same numbers (`Words.numbers`:
+the set of words with a digit, split as for Jaccard): two guides that differ only in "12
+months" and "24 months" share 0.926 of their words and both stay. The set, not the multiset,
+because Jaccard compares sets: a number said twice in one passage and once in the other is
+the same fact, while a number one of them lacks may be the answer. "12" and "12.0" differ
+("0" is a word of one only): keeping a true copy costs tokens, dropping the answer costs the
+answer. Identical text is a copy whatever it holds.
 
 Near-duplicates: while few chunks are kept, a candidate is compared with each of them. Against
 many, an exact prefix filter (Bayardo et al., "Scaling up all pairs similarity search")
 narrows them down: two word sets with Jaccard >= t must share a word among the first
 |x| - ceil(t*|x|) + 1 words of each in any fixed order (here: sorted).
+
+Cost, for hostile events too: a candidate's w words are split once and, against more than
+SCAN_LIMIT kept chunks, sorted (w log w); it is then compared at most once with each kept
+chunk, and a comparison stops within the smaller set, usually after a few misses. Identical
+text takes at most two look-ups. The kept chunks are what the budget admits: a passage costs
+at least a token per distinct word, so the words one candidate is compared with are about
+the budget B at most (with compression, a kept chunk's full word set counts while its extract
+pays at least its header, so K kept chunks of up to w words each). An event of n chunks costs
+O(n w log w + n min(B, K w)): linear in its size for a given policy. The worst case is chunks
+that are all near copies of each other just under the threshold: each is compared in full
+with every kept one (tests/engine/test_cost_bounds.py: about 1.3-2.5x benign text).
 """
 
 from __future__ import annotations
@@ -26,7 +44,7 @@ import numpy as np
 from schemas.models import DroppedChunk, DropReason
 from worker.engine.candidate import Candidate
 from worker.engine.policy import DedupPolicy
-from worker.engine.words import jaccard_at_least, word_set
+from worker.engine.words import Words, chunk_words, jaccard_at_least
 
 _EPSILON = 1e-9  # float slack: 0.9 * 10 must count as 9, not 9.000000000000002
 SCAN_LIMIT: Final = 32  # up to this many kept chunks, comparing with each is cheapest
@@ -83,23 +101,25 @@ class CopyDetector:
 
     def __init__(self, policy: DedupPolicy) -> None:
         self._policy = policy
-        self._kept_by_text: dict[str, list[Candidate]] = {}
-        self._kept_words: list[tuple[Candidate, frozenset[str]]] = []
-        self._kept_by_prefix_word: dict[str, list[tuple[Candidate, frozenset[str]]]] = {}
+        # text -> document -> the first kept chunk of that document with that text: finding
+        # a kept twin of another document takes at most two looks, however many copies.
+        self._kept_by_text: dict[str, dict[str, Candidate]] = {}
+        self._kept_words: list[tuple[Candidate, Words]] = []
+        self._kept_by_prefix_word: dict[str, list[tuple[Candidate, Words]]] = {}
         self._indexed = 0  # the prefix index holds the first this many of `_kept_words`
         self._kept_vectors: list[tuple[Candidate, np.ndarray]] = []
 
     def _may_merge(self, a: Candidate, b: Candidate) -> bool:
         return self._policy.same_document == "dedup" or a.chunk.document != b.chunk.document
 
-    def _words(self, candidate: Candidate) -> frozenset[str]:
-        return word_set(candidate.chunk.text, drop_title_line=self._policy.drop_title_line)
+    def _words(self, candidate: Candidate) -> Words:
+        return chunk_words(candidate.chunk, drop_title_line=self._policy.drop_title_line)
 
     def _prefix(self, words: frozenset[str]) -> list[str]:
         return sorted(words)[: prefix_length(len(words), self._policy.near_threshold)]
 
     def find_twin(self, candidate: Candidate) -> Twin | None:
-        for kept in self._kept_by_text.get(candidate.chunk.text, ()):
+        for kept in self._kept_by_text.get(candidate.chunk.text, {}).values():
             if self._may_merge(kept, candidate):
                 return Twin(kept, DropReason.DUPLICATE, 1.0, "identical text")
         best = self._near_twin(candidate) if self._kept_words else None  # empty unless near
@@ -107,12 +127,12 @@ class CopyDetector:
             best = self._cosine_twin(candidate)
         return best
 
-    def _near_pool(self, words: frozenset[str]) -> Iterable[tuple[Candidate, frozenset[str]]]:
+    def _near_pool(self, words: frozenset[str]) -> Iterable[tuple[Candidate, Words]]:
         """The kept chunks worth comparing: all of a few, or those sharing a prefix word."""
         if len(self._kept_words) <= SCAN_LIMIT:
             return self._kept_words
         for entry in self._kept_words[self._indexed :]:
-            for word in self._prefix(entry[1]):
+            for word in self._prefix(entry[1].all):
                 self._kept_by_prefix_word.setdefault(word, []).append(entry)
         self._indexed = len(self._kept_words)
         return {
@@ -122,20 +142,24 @@ class CopyDetector:
         }.values()
 
     def _near_twin(self, candidate: Candidate) -> Twin | None:
-        words = self._words(candidate)
-        size = len(words)
+        found = self._words(candidate)
+        words, size = found.all, len(found.all)
         if size == 0:
             return None
         threshold = self._policy.near_threshold
+        numbers = found.numbers if self._policy.numbers_must_match else None
         best: Twin | None = None
-        for kept, kept_words in self._near_pool(words):
+        for kept, kept_found in self._near_pool(words):
             if best is not None and kept.rank > best.kept.rank:
                 continue
+            kept_words = kept_found.all
             other = len(kept_words)
             if min(size, other) < threshold * max(size, other) - _EPSILON:
                 continue  # sizes alone rule it out
             if not self._may_merge(kept, candidate):
                 continue
+            if numbers is not None and numbers != kept_found.numbers:
+                continue  # a number only one of them holds may be the answer
             similarity = jaccard_at_least(words, kept_words, threshold - _EPSILON)
             if similarity:  # a chunk that shares no word is no copy, even at a threshold of ~0
                 best = Twin(kept, DropReason.NEAR_DUPLICATE, similarity, "jaccard")
@@ -162,7 +186,9 @@ class CopyDetector:
         return None
 
     def add_kept(self, candidate: Candidate) -> None:
-        self._kept_by_text.setdefault(candidate.chunk.text, []).append(candidate)
+        self._kept_by_text.setdefault(candidate.chunk.text, {}).setdefault(
+            candidate.chunk.document, candidate
+        )
         if self._policy.near:
             self._kept_words.append((candidate, self._words(candidate)))
         vector = self._vector(candidate)

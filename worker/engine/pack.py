@@ -11,6 +11,7 @@ apply. Relevance is the chunk's score; without scores on every chunk, 1 / rank.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from schemas.models import DroppedChunk, DropReason
 from worker.engine.candidate import Candidate
 from worker.engine.dedup import CopyDetector
 from worker.engine.policy import CompressPolicy, SelectPolicy
-from worker.engine.words import jaccard, word_set
+from worker.engine.words import chunk_words, jaccard
 
 Cost = Callable[[Candidate, str], int]
 Shrink = Callable[[Candidate], str | None]
@@ -139,21 +140,26 @@ class _Packer:
                 stopped = candidate
 
     def mmr(self, candidates: list[Candidate], weight: float, drop_title_line: bool) -> None:
+        """Greedy MMR with a lazy max-heap: redundancy only grows, so a score popped fresh is
+        the true maximum, and each step costs log n instead of a scan of every candidate."""
         relevant = normalised(relevance(candidates))
         words = {
-            c.rank: word_set(c.chunk.text, drop_title_line=drop_title_line) for c in candidates
+            c.rank: chunk_words(c.chunk, drop_title_line=drop_title_line).all for c in candidates
         }
         redundancy = dict.fromkeys(relevant, 0.0)
-        remaining = list(candidates)
-        while remaining:
-            best = max(
-                remaining,
-                key=lambda c: (
-                    weight * relevant[c.rank] - (1 - weight) * redundancy[c.rank],
-                    -c.rank,
-                ),
-            )
-            remaining.remove(best)
+
+        def score(rank: int) -> float:
+            return weight * relevant[rank] - (1 - weight) * redundancy[rank]
+
+        remaining = {c.rank: c for c in candidates}
+        heap = [(-score(rank), rank) for rank in remaining]  # ties: the better rank first
+        heapq.heapify(heap)
+        while heap:
+            stale, rank = heapq.heappop(heap)
+            if -stale != score(rank):
+                heapq.heappush(heap, (-score(rank), rank))
+                continue
+            best = remaining.pop(rank)
             if self.drop_copy(best):
                 continue
             if self.full:
@@ -161,8 +167,8 @@ class _Packer:
                 continue
             if self.try_keep(best):
                 for other in remaining:
-                    similarity = jaccard(words[best.rank], words[other.rank])
-                    redundancy[other.rank] = max(redundancy[other.rank], similarity)
+                    similarity = jaccard(words[rank], words[other])
+                    redundancy[other] = max(redundancy[other], similarity)
 
 
 def pack(

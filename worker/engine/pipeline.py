@@ -78,7 +78,8 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
 
     bare = render.user_parts(event.question, (), policy.render)  # no passages, no history
     plan = budgets.plan(
-        policy.budget, counter, _prompt_tokens((), bare, policy, counter), event.history
+        policy.budget, counter, _prompt_tokens((), bare, policy, counter),
+        render.neutralise_history(event.history),
     )
 
     # Numbered labels are issued after ordering; cost each passage with the widest one.

@@ -67,7 +67,12 @@ class BudgetPolicy(_Section):
 class DedupPolicy(_Section):
     near: bool = True
     near_threshold: float = Field(default=0.9, gt=0, le=1)
-    drop_title_line: bool = True
+    drop_title_line: bool = Field(
+        default=True, description="Leave a chunk's first line out when it is the chunk's title."
+    )
+    numbers_must_match: bool = Field(
+        default=True, description="Near-duplicates must hold the same numbers (digit words)."
+    )
     same_document: Literal["keep", "dedup"] = "keep"
     cosine_threshold: float | None = Field(default=None, gt=0, le=1)
 

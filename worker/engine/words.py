@@ -1,23 +1,48 @@
 """Word sets for near-duplicate detection (seed 000: lower-cased \\w+ words).
 
-The first line of a passage is usually its document title ("PW-2400 guide"); leaving it out
-keeps two equal paragraphs of two guides equal. Word sets are cached per text; the cache
-keys on the text itself, whose hash Python keeps with the string (a set outweighs its text).
+A passage often starts with its document's title ("PW-2400 care guide"); leaving that line
+out keeps two equal paragraphs of two guides equal. It is left out only when it is the
+title: when its words are exactly the words of the chunk's `title`. Any other first line
+(an FAQ's answer, a heading of its own) is content and counts.
+
+Word sets of short texts are cached per (text, title), bounded in accounted bytes; longer
+texts are rare, costly to hold and cheap to split again in linear time, so they are not
+cached at all.
 """
 
 from __future__ import annotations
 
-import functools
 import re
-from typing import Final
+import sys
+from itertools import filterfalse
+from typing import Final, NamedTuple
+
+from schemas.models import Chunk
+from worker.engine.cache import SizedCache
 
 WORD = re.compile(r"\w+")
-WORD_CACHE_ENTRIES: Final = 10_000  # a set of ~300 words: ~20 KB each at most
+_DIGIT = re.compile(r"\d")
+WORD_CACHE_BYTES: Final = 64 * 2**20  # a 2 KB passage's entry is 20-30 KB: about 2,500 of them
+WORD_CACHE_MAX_CHARS: Final = 4096  # longer texts are split again on every use
+# Besides the sets, strings and key text: the OrderedDict slot and node, the key tuple, the
+# Words tuple and its size int (about 250 B together).
+_ENTRY_BYTES: Final = 256
+# A word is a str of its own: a header (49 B in ASCII, up to 76 B otherwise, rounded up by
+# the allocator) and its characters, which all fit in the text it came from.
+_ASCII_WORD_BYTES, _WORD_BYTES = 56, 80
 # In ASCII text \w is [A-Za-z0-9_]: blanking every other character and splitting on spaces
 # finds the same words as WORD, about three times faster.
 _BLANK_NON_WORD = str.maketrans(
     dict.fromkeys((c for c in map(chr, range(128)) if not (c.isalnum() or c == "_")), " ")
 )
+
+
+class Words(NamedTuple):
+    """The distinct words a near-duplicate test compares, and which of them hold a digit."""
+
+    all: frozenset[str]
+    numbers: frozenset[str]
+    nbytes: int  # what holding this entry in the cache costs, approximately
 
 
 def words(text: str) -> list[str]:
@@ -28,18 +53,56 @@ def words(text: str) -> list[str]:
     return WORD.findall(lowered)
 
 
-@functools.lru_cache(maxsize=WORD_CACHE_ENTRIES)
-def _word_set(text: str) -> frozenset[str]:
-    return frozenset(words(text))
+def _body(text: str, title: str | None) -> str:
+    """`text` without its first line if that line is the title (same words, same order)."""
+    if title is None:
+        return text
+    first, newline, rest = text.partition("\n")
+    return rest if newline and words(first) == words(title) else text
 
 
-@functools.lru_cache(maxsize=WORD_CACHE_ENTRIES)
-def _body_word_set(text: str) -> frozenset[str]:
-    return frozenset(words(text.split("\n", 1)[1] if "\n" in text else text))
+def _words_of(text: str, title: str | None) -> Words:
+    body = _body(text, title)
+    found = frozenset(words(body))
+    # str.isalpha clears most words at C speed before the regex looks for a digit.
+    numbers = frozenset(w for w in filterfalse(str.isalpha, found) if _DIGIT.search(w))
+    strings = (
+        len(found) * _ASCII_WORD_BYTES + len(body)
+        if body.isascii()
+        else len(found) * _WORD_BYTES + 4 * len(body)
+    )
+    nbytes = (
+        _ENTRY_BYTES
+        + sys.getsizeof(text)
+        + (sys.getsizeof(title) if title is not None else 0)
+        + sys.getsizeof(found)
+        + sys.getsizeof(numbers)  # its strings are those of `found`
+        + strings
+    )
+    return Words(found, numbers, nbytes)
 
 
-def word_set(text: str, *, drop_title_line: bool = True) -> frozenset[str]:
-    return _body_word_set(text) if drop_title_line else _word_set(text)
+def _entry_bytes(entry: Words) -> int:
+    return entry.nbytes
+
+
+CACHE: Final[SizedCache[tuple[str, str | None], Words]] = SizedCache(
+    WORD_CACHE_BYTES, _entry_bytes
+)
+
+
+def chunk_words(chunk: Chunk, *, drop_title_line: bool) -> Words:
+    """The words of a chunk, without its title line when the policy leaves titles out."""
+    text = chunk.text
+    title = chunk.title if drop_title_line else None
+    if len(text) + (len(title) if title is not None else 0) > WORD_CACHE_MAX_CHARS:
+        return _words_of(text, title)
+    key = (text, title)
+    found = CACHE.get(key)
+    if found is None:
+        found = _words_of(text, title)
+        CACHE.put(key, found)
+    return found
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
@@ -71,4 +134,10 @@ def jaccard_at_least(a: frozenset[str], b: frozenset[str], least: float) -> floa
 
 
 def has_words(text: str) -> bool:
+    """Whether `text` holds a word. Text with none (a hostile run of punctuation or blanks)
+    is ruled out at C speed in ASCII, instead of by a regex trying every position."""
+    if WORD.search(text, 0, 64):  # almost every real text: a word at the start
+        return True
+    if text.isascii():
+        return not text.translate(_BLANK_NON_WORD).isspace() and bool(text)
     return WORD.search(text) is not None

@@ -1,0 +1,286 @@
+"""Hostile input: time and memory are bounded by the size of the event.
+
+Every field of an event is untrusted, so `assemble` must cost about what benign text of the
+same size costs, whatever the text holds. Events here have the shapes of the codec's limits
+(`worker.codec.Limits`: 100,000-character chunks, 2,000 chunks, 4 MiB) at a fortieth of the
+size: 10 chunks of 10,000 characters, or 50 chunks of 2,000. A pass quadratic in a run of
+characters (a regex that backtracks) shows as a ratio far above the bound even at this
+scale. Times are only ever compared with each other (best of 3, each run on new texts so no
+cache helps), never with a clock budget.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from schemas.models import RetrievalResult
+from tests.factories import chunk
+from worker.engine import assemble, words
+from worker.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache
+from worker.engine.policy import Policy, policy_from_mapping
+from worker.engine.tokens import get_counter
+from worker.policies import load_preset
+
+MAX_RATIO = 20.0  # hostile text may cost this many times benign text of the same size
+RUNS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    chunks: int
+    chars: int
+
+
+BIG = Shape(10, 10_000)  # few chunks at the longest a chunk may be
+MANY = Shape(50, 2_000)  # the most chunks an event may hold, of ordinary length
+
+Text = Callable[[random.Random, int], str]  # (seeded rng, characters) -> text of that length
+
+VOCABULARY = (
+    "the a of to and in is it you that was for on are with as they be at one have this from "
+    "or by word but what some we can out other were all there when up use your how said an "
+    "each which do their time if will way about many then them would like so these long make "
+    "see two has look more day could go come did number no most people over know water than "
+    "call first who may down side now find pump hose warranty years months delivery receipt "
+    "refund policy frost garage kit trigger seal motor spray"
+).split()
+
+
+def repeat(unit: str, size: int) -> str:
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def tag(rng: random.Random) -> str:
+    """A word of its own per text, so texts differ and no cache is hit."""
+    return f"w{rng.randrange(10**9):09d} "
+
+
+def _sentences(rng: random.Random, size: int) -> str:
+    out: list[str] = []
+    length = 0
+    while length < size:
+        sentence = [rng.choice(VOCABULARY) for _ in range(rng.randint(6, 18))]
+        if rng.random() < 0.3:  # now and then a number, as in real passages
+            sentence[rng.randrange(len(sentence))] = str(rng.randint(1, 999))
+        out.append(" ".join(sentence).capitalize() + ". ")
+        length += len(out[-1])
+    return "".join(out)
+
+
+_PROSE = _sentences(random.Random(0), 300_000)  # generated once: texts are slices of it
+_NUMBERS = " ".join(str(n) for n in random.Random(0).choices(range(10**9), k=30_000))
+
+
+def slice_of(pool: str, rng: random.Random, size: int) -> str:
+    start = rng.randrange(len(pool) - size)
+    return (tag(rng) + pool[start : start + size])[:size]
+
+
+def prose(rng: random.Random, size: int) -> str:
+    """Benign text: English-like sentences."""
+    return slice_of(_PROSE, rng, size)
+
+
+CORE = ["a" + "".join("bcdefghijk"[int(d)] for d in f"{j:04d}") for j in range(250)]
+
+
+def near_copy(rng: random.Random, size: int) -> str:
+    """Shared words that sort first (so every prefix-filter lookup finds every kept chunk)
+    and 7 % words of its own, without digits: Jaccard about 0.86, just under 0.9, so every
+    chunk is kept and compared in full with every kept one."""
+    core = CORE[: size // 8]
+    own = -(-len(core) * 7 // 100)
+    body = core + ["".join(rng.choice("lmnopqrstuvwxyz") for _ in range(8)) for _ in range(own)]
+    rng.shuffle(body)
+    return repeat(" ".join(body) + " ", size)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    shape: Shape
+    text: Text
+    same_text: bool = False  # one text (new per run) for every chunk of the event
+    same_document: bool = False
+    title_line: bool = True  # "Guide {i}" first, as the chunk's title
+
+
+HOSTILE: dict[str, Case] = {
+    "whitespace runs": Case(BIG, lambda r, n: repeat(tag(r) + " " * 3000 + "\t" * 500 + "x.\n" + "\n" * 500, n)),
+    "'<' then blanks": Case(BIG, lambda r, n: repeat(tag(r) + "<" + " " * 300, n)),
+    "bracket runs": Case(BIG, lambda r, n: repeat(tag(r) + "<" * 1000 + "[" * 1000 + "\n[", n)),
+    "repeated delimiters": Case(BIG, lambda r, n: repeat(tag(r) + "</documents>\n[S1] <documents> < / documents >\n", n)),
+    "one huge word": Case(BIG, lambda r, n: (tag(r) + "a" * n)[:n]),
+    "no spaces": Case(BIG, lambda r, n: repeat(f"abc{r.randrange(100)}.def,ghi;jkl!mno?", n)),
+    "no words at all": Case(BIG, lambda r, n: repeat(".,;:!?-" * r.randint(1, 9) + " ", n), title_line=False),
+    "no words, non-ascii": Case(BIG, lambda r, n: repeat("—…“”„« » · " * r.randint(1, 9), n), title_line=False),
+    "many numbers": Case(MANY, lambda r, n: slice_of(_NUMBERS, r, n)),
+    "tiny sentences": Case(BIG, lambda r, n: tag(r) + repeat("a. b! c? ", n - 11)),
+    "one line per character": Case(BIG, lambda r, n: tag(r) + repeat("x\n", n - 11)),
+    "non-ascii": Case(BIG, lambda r, n: repeat(tag(r) + "Zusammenarbeit über Landesgrenzen 中文字符 кириллица ", n)),
+    "near-identical chunks": Case(MANY, near_copy),
+    "copies under other titles": Case(MANY, prose, same_text=True),
+    "identical chunks, one document": Case(MANY, prose, same_text=True, same_document=True),
+}
+
+
+def make_event(case: Case, seed: int) -> RetrievalResult:
+    def text(i: int) -> str:
+        return case.text(random.Random(seed * 100_003 + (0 if case.same_text else i)), case.shape.chars)
+
+    chunks = [
+        chunk(f"c{i}", f"Guide {i}\n" + text(i) if case.title_line else text(i), title=f"Guide {i}",
+              doc_id="d" if case.same_document else f"d{i}")
+        for i in range(case.shape.chunks)
+    ]
+    return RetrievalResult(request_id="r", question="How long is the pump warranty?", chunks=chunks)
+
+
+def best_time(events: Callable[[int], RetrievalResult], policy: Policy, *, enough: float = 0.0) -> float:
+    """The fastest of RUNS runs, each on new texts; stops early once under `enough`."""
+    fastest = float("inf")
+    for run in range(RUNS):
+        event = events(run)
+        gc.collect()
+        start = time.perf_counter()
+        assemble(event, policy)
+        fastest = min(fastest, time.perf_counter() - start)
+        if fastest <= enough:
+            break
+    return fastest
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "default": Policy,
+    "estimated": lambda: load_preset("estimated"),  # chars/4: no tokenizer hides other costs
+    # A 200K window: every chunk fits, so dedup compares each with every kept one; MMR and
+    # compression of every passage on top.
+    "wide, mmr, compress": lambda: policy_from_mapping({
+        "tokenizer": {"encoding": "chars/4"},
+        "budget": {"context_tokens": 100_000, "window": 200_000},
+        "select": {"packing": "mmr"},
+        "compress": {"mode": "always"},
+    }),
+}
+_benign: dict[tuple[str, Shape], float] = {}
+
+
+def benign_time(policy_name: str, shape: Shape) -> float:
+    key = (policy_name, shape)
+    if key not in _benign:
+        policy, benign = POLICIES[policy_name](), Case(shape, prose)
+        assemble(make_event(benign, seed=-1), policy)  # load the tokenizer
+        _benign[key] = best_time(lambda run: make_event(benign, seed=1000 + run), policy)
+    return _benign[key]
+
+
+# Slow paths outside dedup/words/compress/cache, known and owned elsewhere: each fails here
+# until its fix lands (then the mark goes).
+
+
+@pytest.mark.parametrize(("policy_name", "case"), [
+    (policy_name, case) for policy_name in POLICIES for case in HOSTILE
+])
+def test_hostile_text_costs_about_what_benign_text_of_its_size_costs(policy_name: str, case: str) -> None:
+    benign = benign_time(policy_name, HOSTILE[case].shape)
+    hostile = best_time(
+        lambda run: make_event(HOSTILE[case], seed=run), POLICIES[policy_name](), enough=benign * MAX_RATIO
+    )
+    assert hostile / benign <= MAX_RATIO, f"{case}: {hostile / benign:.1f}x benign ({hostile * 1e3:.1f} ms)"
+
+
+# --------------------------------------------------------------------------------------
+# Caches: bounded in bytes, whatever streams through them
+# --------------------------------------------------------------------------------------
+
+
+def test_word_sets_of_long_texts_are_not_cached() -> None:
+    long_text = chunk("big", "x " * words.WORD_CACHE_MAX_CHARS)
+    before = len(words.CACHE)
+    assert words.chunk_words(long_text, drop_title_line=True).all == {"x"}
+    assert len(words.CACHE) == before
+
+
+def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What 776 MB of RSS was made of: word sets of 40 x 99 KB chunks, event after event.
+
+    The caps are small here so that the stream overflows them; the accounting is what is
+    checked (bench/memory_bench.py measures the process at full size).
+    """
+    word_cache: SizedCache[tuple[str, str | None], words.Words] = SizedCache(256 * 1024, words._entry_bytes)
+    monkeypatch.setattr(words, "CACHE", word_cache)
+    counter = get_counter("cl100k_base")
+    count_cache: BoundedCache[int] = BoundedCache(300)
+    monkeypatch.setattr(counter, "cache", count_cache)
+    rng = random.Random(5)
+    for _ in range(3):  # long chunks: none may be cached
+        long = [chunk(f"c{i}", prose(rng, 20_000), doc_id=f"d{i}") for i in range(4)]
+        assemble(RetrievalResult(request_id="r", question="pump?", chunks=long), Policy())
+    assert len(word_cache) == 0
+    for _ in range(3):  # then many short chunks, each cached, more than the caps hold
+        short = [chunk(f"c{i}", prose(rng, 1_000), doc_id=f"d{i}") for i in range(200)]
+        assemble(RetrievalResult(request_id="r", question="pump?", chunks=short), Policy())
+    assert word_cache.nbytes == sum(e.nbytes for e in word_cache._entries.values()) <= word_cache.max_bytes
+    assert count_cache.nbytes == len(count_cache) * COUNT_ENTRY_BYTES <= count_cache.max_bytes
+    for cache in (word_cache, count_cache):  # full, and evicting: the cap is what binds
+        assert cache.nbytes > cache.max_bytes * 0.9
+    assert all(len(text) <= words.WORD_CACHE_MAX_CHARS for text, _ in word_cache._entries)
+
+
+def sized(max_bytes: int) -> SizedCache[str, str]:
+    return SizedCache(max_bytes, len)
+
+
+def test_sized_cache_evicts_the_least_recently_used_by_bytes() -> None:
+    cache = sized(10)
+    cache.put("a", "aaaa")
+    cache.put("b", "bbbb")
+    assert cache.get("a") == "aaaa"  # a is now the most recent
+    cache.put("c", "cccc")  # 12 bytes: b goes
+    assert (cache.get("b"), cache.get("a"), cache.get("c"), cache.nbytes) == (None, "aaaa", "cccc", 8)
+    cache.put("a", "aaaaaa")  # replacing an entry re-charges it
+    assert (len(cache), cache.nbytes) == (2, 10)
+    cache.put("huge", "x" * 11)  # larger than the cap: not held, nothing flushed
+    assert (cache.get("huge"), cache.get("a")) == (None, "aaaaaa")
+    cache.clear()
+    assert (len(cache), cache.nbytes, cache.hits, cache.misses) == (0, 0, 0, 0)
+
+
+def test_token_count_cache_is_bounded_in_bytes() -> None:
+    cache: BoundedCache[int] = BoundedCache(100)
+    assert cache.max_bytes == 100 * COUNT_ENTRY_BYTES
+    for i in range(1000):
+        cache.get_or_compute(f"text {i}", len)
+    assert (len(cache), cache.nbytes) == (100, 100 * COUNT_ENTRY_BYTES)
+
+
+def test_sized_cache_accounting_holds_under_threads() -> None:
+    """Hits take no lock; puts and evictions do: the accounting must stay exact."""
+    cache = sized(1000)
+    texts = [str(i) * (1 + i % 7) for i in range(500)]
+
+    def work(offset: int) -> None:
+        for i in range(2000):
+            text = texts[(i * 7 + offset) % len(texts)]
+            if cache.get(text) is None:
+                cache.put(text, text)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(previous)
+    assert cache.nbytes == sum(len(value) for value in cache._entries.values()) <= 1000
+    assert len(set(cache._entries)) == len(cache)
