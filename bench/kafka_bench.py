@@ -25,7 +25,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from bench.engine_bench import Corpus, warm_cases
+from bench.corpus import Corpus
 from tests.support.broker import Broker, broker_from_env
 from tests.support.worker import Topics, WorkerProcess, produce
 from worker.codec import encode
@@ -42,9 +42,8 @@ class Result:
 
 
 def make_events(count: int, chunks: int, seed: int) -> list[tuple[bytes, bytes]]:
-    corpus = Corpus(seed)
-    cases = warm_cases(corpus, chunks, count)
-    return [(c.event.request_id.encode(), encode(c.event)) for c in cases]
+    events = Corpus(seed).warm_events(chunks, count)
+    return [(event.request_id.encode(), encode(event)) for event, _ in events]
 
 
 async def collect(

@@ -31,9 +31,12 @@ CHANNELS = {
     "retrieval.results.dlq": (
         "send",
         "dead-letter",
-        "Inputs that could not be assembled: the original key, bytes and headers, plus Kafka "
+        "Inputs that could not be assembled (or whose prompt or audit was too large to "
+        "publish: output_too_large): the original key, bytes and headers, plus Kafka "
         "Connect's __connect.errors.* headers naming the origin (topic, partition, offset), "
-        "the stage and the error. The file mode writes an ErrorRecord line instead.",
+        "the stage and the error. A dead letter over the size limit carries only the first "
+        "bytes of the input, with context-assembler.truncated, .original.bytes and "
+        ".original.sha256 headers. The file mode writes an ErrorRecord line instead.",
     ),
 }
 
@@ -47,6 +50,15 @@ DEAD_LETTER_HEADERS = [
     "exception.class.name", "exception.message",
 ]
 
+TRUNCATION_HEADERS: dict[str, dict[str, str]] = {
+    "context-assembler.truncated": {
+        "type": "string", "description": "\"true\": the payload is the input's first bytes."},
+    "context-assembler.original.bytes": {
+        "type": "string", "description": "Length of the whole input in bytes."},
+    "context-assembler.original.sha256": {
+        "type": "string", "description": "sha256 of the whole input, hex."},
+}
+
 
 def asyncapi() -> dict[str, Any]:
     messages: dict[str, Any] = {
@@ -57,11 +69,15 @@ def asyncapi() -> dict[str, Any]:
     messages["dead-letter"] = {
         "name": "dead-letter",
         "contentType": "application/octet-stream",
-        "payload": {"description": "The rejected input, byte for byte."},
+        "payload": {
+            "description": "The rejected input, byte for byte; only its first bytes when "
+            "the context-assembler.truncated header is true."
+        },
         "headers": {
             "type": "object",
             "properties": {
-                f"__connect.errors.{name}": {"type": "string"} for name in DEAD_LETTER_HEADERS
+                **{f"__connect.errors.{name}": {"type": "string"} for name in DEAD_LETTER_HEADERS},
+                **TRUNCATION_HEADERS,
             },
         },
     }

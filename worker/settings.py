@@ -47,6 +47,17 @@ class Settings(BaseSettings):
     max_chunk_chars: int = Field(default=100_000, ge=1)
     max_question_chars: int = Field(default=20_000, ge=1)
     retry_backoff_max_seconds: float = Field(default=5.0, gt=0)
+    max_message_bytes: int = Field(
+        default=1_048_576, ge=16_384,
+        description="Largest record the worker publishes (key, value, headers and overhead), "
+        "and the producers' max_request_size; at most the topics' max.message.bytes. An "
+        "output over it goes to the DLQ as output_too_large; a dead letter over it is cut.",
+    )
+    shutdown_grace_seconds: float = Field(
+        default=20.0, gt=0,
+        description="SIGTERM to exit, at most: in-flight events get half of it to be delivered. "
+        "Keep it under Kubernetes' terminationGracePeriodSeconds (30).",
+    )
     session_timeout_seconds: float = Field(
         default=10.0, ge=6, le=300, description="How long a silent replica keeps its partitions."
     )

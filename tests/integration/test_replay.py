@@ -13,7 +13,15 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from tests.support.broker import Broker
-from tests.support.worker import Topics, WorkerProcess, events, keyed, produce, read_topic
+from tests.support.worker import (
+    ALLOWED_POLICIES,
+    Topics,
+    WorkerProcess,
+    events,
+    keyed,
+    produce,
+    read_topic,
+)
 from worker.cli import main
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -70,9 +78,10 @@ def published(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def replay(published: Published, broker: Broker, *args: str) -> int:
     t = published.topics
+    allowed = [arg for name in ALLOWED_POLICIES for arg in ("--allow-policy", name)]
     return main(["replay", "--bootstrap-servers", broker.bootstrap_servers,
                  "--input-topic", t.input, "--prompts-topic", t.prompts,
-                 "--audit-topic", t.audit, *args])
+                 "--audit-topic", t.audit, *allowed, *args])
 
 
 def jsonl(path: Path) -> dict[str, bytes]:

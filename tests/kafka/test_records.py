@@ -1,13 +1,33 @@
 """The record mapping both delivery paths share, without a broker."""
 
+import hashlib
+from dataclasses import replace
+
 import orjson
 
 from schemas.models import RetrievalResult
 from tests.factories import EXAMPLES
-from worker.codec import Limits, encode
+from worker.codec import Limits, RejectedInput, encode
 from worker.engine import assemble
 from worker.engine.policy import Policy
-from worker.kafka.records import ERR, HandlerContext, Origin, Outcome, handle
+from worker.kafka.records import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ERR,
+    MESSAGE_KEPT_BYTES,
+    MIN_MESSAGE_BYTES,
+    ORIGINAL_BYTES,
+    ORIGINAL_SHA256,
+    TRUNCATED,
+    HandlerContext,
+    Origin,
+    Outcome,
+    OutRecord,
+    cut,
+    dead_letter,
+    fit,
+    handle,
+    record_size,
+)
 from worker.policies import PolicyRegistry
 
 CONTEXT = HandlerContext(PolicyRegistry(Policy()), Limits(), "prompts", "audit", "dlq",
@@ -63,3 +83,116 @@ def test_the_dead_letter_headers_are_the_ones_the_asyncapi_file_lists() -> None:
 
     (letter,) = run(b"{bad").records
     assert [k.removeprefix(ERR) for k, _ in letter.headers if k.startswith(ERR)] == DEAD_LETTER_HEADERS
+
+
+# Sizes: every record is sized as the producer sizes it, and kept within max_message_bytes.
+
+def test_record_size_is_the_producers_own_estimate() -> None:
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    for key in (None, b"", b"k" * 200):
+        for length in (0, 1, 63, 64, 8191, 8192, 1_048_576):
+            for headers in ((), (("a", b"x"), ("traceparent", b"t" * 300))):
+                record = OutRecord("t", key, b"v" * length, headers)
+                expected = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+                    key, record.value, list(headers))
+                assert record_size(record) == expected
+
+
+def context(max_message_bytes: int) -> HandlerContext:
+    return replace(CONTEXT, max_message_bytes=max_message_bytes)
+
+
+def test_an_output_over_max_message_bytes_makes_the_event_an_output_too_large_dead_letter() -> None:
+    prompt, _audit = run(GOOD).records
+    outcome = handle(GOOD, origin(), context(record_size(prompt) - 1))
+    assert outcome.assembly is None and outcome.rejected is not None
+    assert outcome.rejected.reason == "output_too_large"
+    assert outcome.rejected.request_id == "q30-staff"
+    (letter,) = outcome.records  # no output is left as the only answer
+    assert (letter.topic, letter.key, letter.value) == ("dlq", b"q30-staff", GOOD)
+    headers = dict(letter.headers)
+    assert headers[f"{ERR}exception.class.name"] == b"RejectedInput.output_too_large"
+    assert headers[f"{ERR}stage"] == b"KAFKA_PRODUCE"
+    assert f"for prompts would be {record_size(prompt)} bytes".encode() in headers[
+        f"{ERR}exception.message"]
+    assert TRUNCATED not in headers
+
+
+def test_outputs_that_fit_exactly_are_sent() -> None:
+    prompt, audit = run(GOOD).records
+    assert handle(GOOD, origin(), context(record_size(prompt))).records == (prompt, audit)
+
+
+def huge_rejected(size: int) -> bytes:
+    """A schema-invalid event (no question) of `size` bytes."""
+    head, tail = b'{"request_id": "huge", "padding": "', b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+def test_a_dead_letter_over_the_limit_is_cut_to_fit_with_its_original_length_and_digest() -> None:
+    raw = huge_rejected(1_048_400)
+    headers = (("traceparent", b"00-abc-def-01"),)
+    outcome = handle(raw, origin(headers), CONTEXT)
+    (letter,) = outcome.records
+    assert outcome.rejected is not None and outcome.rejected.reason == "schema"
+    size = record_size(letter)
+    assert DEFAULT_MAX_MESSAGE_BYTES - 4 <= size <= DEFAULT_MAX_MESSAGE_BYTES  # cut, tightly
+    assert raw.startswith(letter.value) and len(letter.value) < len(raw)
+    assert letter.key == b"q30-staff"  # the original key and headers are kept
+    found = dict(letter.headers)
+    assert found["traceparent"] == b"00-abc-def-01"
+    assert found[TRUNCATED] == b"true"
+    assert found[ORIGINAL_BYTES] == b"1048400"
+    assert found[ORIGINAL_SHA256] == hashlib.sha256(raw).hexdigest().encode()
+    assert found[f"{ERR}exception.class.name"] == b"RejectedInput.schema"
+    assert found[f"{ERR}offset"] == b"41"
+    assert handle(raw, origin(headers), CONTEXT).records == outcome.records  # same bytes, always
+
+
+def test_a_dead_letter_that_fits_is_sent_whole() -> None:
+    raw = huge_rejected(1_000_000)
+    (letter,) = run(raw).records
+    assert letter.value == raw and TRUNCATED not in dict(letter.headers)
+
+
+def test_an_inputs_own_truncation_headers_never_reach_the_dead_letter() -> None:
+    forged = ((TRUNCATED, b"true"), (ORIGINAL_SHA256, b"forged"), ("other", b"kept"))
+    (letter,) = run(b"{bad", forged).records
+    assert [k for k, _ in letter.headers if not k.startswith(ERR)] == ["other"]
+
+
+def test_when_key_and_headers_leave_no_room_they_are_cut_too() -> None:
+    limit = 20_000
+    many = tuple((f"h{n}", b"x" * 1000) for n in range(30))
+    message = "policy " + "é" * 20_000  # a hostile policy name echoed in the message
+    rejected = RejectedInput("policy", message, "r")
+    letter = dead_letter(origin(many), b"{}", rejected, "dlq", "w")
+    small = cut(letter, limit)
+    assert record_size(small) <= limit
+    assert small.key == b"q30-staff" and not any(k.startswith("h") for k, _ in small.headers)
+    kept = dict(small.headers)[f"{ERR}exception.message"]
+    assert len(kept) <= MESSAGE_KEPT_BYTES and kept.decode().startswith("policy éé")
+    assert dict(small.headers)[ORIGINAL_BYTES] == b"2" and small.value == b"{}"
+
+    keyed = Origin("in", 0, 7, b"k" * 30_000, (), None)
+    bare = cut(dead_letter(keyed, b"{}", rejected, "dlq", "w"), limit)
+    assert record_size(bare) <= limit and bare.key is None
+
+
+def test_limits_learned_for_a_topic_apply_to_its_records_only() -> None:
+    prompt, audit = run(GOOD).records
+    assert fit(run(GOOD), GOOD, origin(), CONTEXT, {"audit": record_size(audit)}).records == (
+        prompt, audit)
+    refitted = fit(run(GOOD), GOOD, origin(), CONTEXT, {"audit": record_size(audit) - 1})
+    assert refitted.rejected is not None and refitted.rejected.reason == "output_too_large"
+    raw = huge_rejected(100_000)
+    (letter,) = fit(run(raw), raw, origin(), CONTEXT, {"dlq": MIN_MESSAGE_BYTES}).records
+    assert record_size(letter) <= MIN_MESSAGE_BYTES and dict(letter.headers)[TRUNCATED] == b"true"
+
+
+def test_the_smallest_max_message_bytes_setting_still_fits_a_dead_letter() -> None:
+    from worker.settings import Settings
+
+    assert Settings.model_fields["max_message_bytes"].metadata[0].ge == MIN_MESSAGE_BYTES
+    assert Settings().max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES

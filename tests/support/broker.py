@@ -43,13 +43,15 @@ class Broker(ABC):
     def restart(self) -> None:
         """Bounce the broker with its data kept, to test recovery from a lost connection."""
 
-    async def create_topics(self, names: dict[str, int], *, compacted: bool = False) -> None:
+    async def create_topics(self, names: dict[str, int], *, compacted: bool = False,
+                            configs: dict[str, str] | None = None) -> None:
         """Create topics (name -> partitions) and wait until every partition has a leader.
 
         The broker does not auto-create topics, and a client's first request may otherwise
         race the new partitions' leader election. Existing topics are left as they are.
+        `configs` are topic configs, such as a max.message.bytes below the worker's.
         """
-        configs = {"cleanup.policy": "compact"} if compacted else {}
+        configs = {**({"cleanup.policy": "compact"} if compacted else {}), **(configs or {})}
         topics = [
             NewTopic(name, partitions, 1, topic_configs=configs)
             for name, partitions in names.items()

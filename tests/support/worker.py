@@ -20,16 +20,22 @@ from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from tests.factories import EXAMPLES
 from tests.support.broker import Broker
 from worker import filemode
 from worker.codec import Limits
-from worker.engine.policy import Policy
-from worker.policies import PolicyRegistry
+from worker.policies import build_registry
 
 Header = tuple[str, bytes]
+# The policies the shipped example events name: requests may name only allowed ones.
+ALLOWED_POLICIES = sorted({
+    event["policy"]
+    for event in map(json.loads, (EXAMPLES / "events.jsonl").read_bytes().splitlines())
+    if event.get("policy")
+})
 
 
 def free_port() -> int:
@@ -82,6 +88,7 @@ class WorkerProcess:
             "ASSEMBLER_PROCESSING_GUARANTEE": self.guarantee,
             "ASSEMBLER_HTTP_HOST": "127.0.0.1",
             "ASSEMBLER_HTTP_PORT": str(self.port),
+            "ASSEMBLER_ALLOWED_POLICIES": ",".join(ALLOWED_POLICIES),
             **self.extra_env,
         }
         log = self.log_path.open("ab")
@@ -187,6 +194,33 @@ async def read_topic(broker: Broker, topic: str, *, until: int, timeout: float =
     return records
 
 
+async def committed_offsets(broker: Broker, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offset of each partition of `topic` (absent: none committed)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items()
+            if tp.topic == topic and meta.offset >= 0}
+
+
+async def end_offsets(broker: Broker, topic: str) -> dict[int, int]:
+    """The offset after the last record of each partition of `topic`."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
+    await consumer.start()
+    try:
+        while not consumer.partitions_for_topic(topic):
+            await consumer._client.force_metadata_update()
+        partitions = [TopicPartition(topic, p)
+                      for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    return {tp.partition: offset for tp, offset in ends.items()}
+
+
 def events(count: int) -> list[bytes]:
     """`count` distinct requests cycling through the shipped examples."""
     examples = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
@@ -200,7 +234,7 @@ def events(count: int) -> list[bytes]:
 
 def file_mode(lines: list[bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
     prompts, audits = io.BytesIO(), io.BytesIO()
-    filemode.run([("events", io.BytesIO(b"\n".join(lines)))], PolicyRegistry(Policy()), Limits(),
+    filemode.run([("events", io.BytesIO(b"\n".join(lines)))], build_registry(None, ALLOWED_POLICIES), Limits(),
                  prompts=prompts, audits=audits, errors=io.BytesIO())
 
     def by_id(data: bytes) -> dict[str, bytes]:

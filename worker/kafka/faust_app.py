@@ -8,23 +8,37 @@ never raises for one event (bad input is an outcome, a failed send is retried un
 acknowledged), and acks strictly in input order: an event is acked once its own records
 and those of every event before it are acknowledged. The next events are assembled while
 earlier ones are still being delivered, at most MAX_IN_FLIGHT at a time.
+
+Stopping: faust waits for every event it handed out to be acked before it commits and leaves
+the group (`stream_wait_empty`), which never happens while sends fail: SIGTERM was ignored.
+So `FaustWorker` first ends the deliveries (EventPipeline.stop: no more retries, cancelled
+after half the grace period), then tells faust not to wait for the events left unacked,
+which the partitions' next owner redoes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 
 import faust
 from faust.types import EventT
 
-from worker.kafka.pipeline import EventPipeline
+from worker.kafka.pipeline import EventPipeline, Stopped
 from worker.kafka.records import Origin, OutRecord
 from worker.settings import Settings
 
+log = logging.getLogger(__name__)
+
 MAX_IN_FLIGHT = 200
+# aiokafka's default: a send to a missing topic fails (and is logged) after this long,
+# where faust's default (20 minutes) would hang silently.
+REQUEST_TIMEOUT_SECONDS = 40.0
 
 
 def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
@@ -37,6 +51,8 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
         processing_guarantee="at_least_once",
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        producer_max_request_size=settings.max_message_bytes,
+        producer_request_timeout=REQUEST_TIMEOUT_SECONDS,
         broker_commit_interval=1.0,
         # A killed replica holds its partitions until this runs out (faust's default: 60 s).
         broker_session_timeout=settings.session_timeout_seconds,
@@ -49,17 +65,11 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
     )
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
-    async def send(record: OutRecord, timestamp_ms: int | None) -> None:
+    async def send(timestamp_ms: int | None, record: OutRecord) -> None:
         timestamp = None if timestamp_ms is None else timestamp_ms / 1000.0
         await app.producer.send_and_wait(
             record.topic, record.key, record.value, None, timestamp, list(record.headers)
         )
-
-    async def deliver(records: tuple[OutRecord, ...], timestamp_ms: int | None) -> None:
-        await asyncio.gather(*(
-            pipeline.retry_forever(f"produce to {r.topic}", partial(send, r, timestamp_ms))
-            for r in records
-        ))
 
     @app.agent(source, concurrency=1)
     async def assemble(stream: faust.StreamT[bytes]) -> None:
@@ -68,6 +78,8 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
 
         def ack_delivered(_: object = None) -> None:
             while in_flight and in_flight[0][1].done():
+                if not _delivered(in_flight[0][1]):
+                    return  # stopping: neither this event nor any later one is acked
                 event, _task = in_flight.popleft()
                 event.ack()
                 room.release()
@@ -75,6 +87,9 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
         manual_acks = stream.noack()  # type: ignore[attr-defined]  # on Stream, not StreamT
         async for event in manual_acks.events():
             await room.acquire()
+            if pipeline.stopping.is_set():
+                # Unacked, so never committed: wait here until faust cancels the agent.
+                await asyncio.get_running_loop().create_future()
             message = event.message
             origin = Origin(
                 topic=message.topic,
@@ -84,9 +99,46 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
                 headers=tuple((k, bytes(v)) for k, v in (message.headers or ())),
                 timestamp_ms=int(message.timestamp * 1000) if message.timestamp else None,
             )
-            outcome = await pipeline.process(message.value or b"", origin)
-            task = asyncio.create_task(deliver(outcome.records, origin.timestamp_ms))
+            raw = message.value or b""
+            outcome = await pipeline.process(raw, origin)
+            task = pipeline.spawn(
+                pipeline.deliver(raw, origin, outcome, partial(send, origin.timestamp_ms))
+            )
             in_flight.append((event, task))
             task.add_done_callback(ack_delivered)
 
     return app
+
+
+def _delivered(task: asyncio.Task[None]) -> bool:
+    """True if the task delivered its event; False if stopping ended it first."""
+    if task.cancelled():
+        return False
+    error = task.exception()
+    if error is not None and not isinstance(error, Stopped):
+        log.error("delivery failed; no later event is acked: %r", error, exc_info=error)
+    return error is None
+
+
+class FaustWorker(faust.Worker):
+    """faust's worker, stopping within the grace period even while sends fail."""
+
+    def __init__(self, app: faust.App, pipeline: EventPipeline, loglevel: str) -> None:
+        super().__init__(app, loglevel=loglevel, override_logging=False, quiet=True)
+        self._pipeline = pipeline
+        self._stopping: asyncio.Task[None] | None = None
+
+    def install_signal_handlers(self) -> None:
+        super().install_signal_handlers()
+        for sig, stop in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+            self.loop.add_signal_handler(sig, self._end_deliveries_then, stop)
+
+    def _end_deliveries_then(self, stop: Callable[[], None]) -> None:
+        if self._stopping is None:
+            self._pipeline.stop()
+            self._stopping = asyncio.ensure_future(self._stop_after_deliveries(stop))
+
+    async def _stop_after_deliveries(self, stop: Callable[[], None]) -> None:
+        await self._pipeline.drained()
+        self.app.conf.stream_wait_empty = False  # what is left unacked stays so
+        stop()

@@ -1,24 +1,114 @@
-"""Shared by both delivery paths: run the engine off the event loop, count, log, retry.
+"""Shared by both delivery paths: run the engine off the event loop, count, log, deliver, stop.
 
 The engine is CPU work; running it in one worker thread keeps the event loop free for
 heartbeats, fetches and /health while an event of 1,000 chunks is assembled. One thread
 keeps events in order, and the engine's caches are thread-safe.
+
+Delivery never gives up on an event while the worker runs: acking it unanswered would lose
+it. Transient errors (broker down, leader elections, timeouts) are retried with backoff. An
+error retrying cannot fix (a topic missing or not authorized, a dead letter refused however
+small) is retried too, since only an operator can fix it, but logged as an error each time
+and reported on /ready. A record the broker refuses as too large is not retried as is: the
+topic's limit is learned and the event re-fitted (`records.fit`). On SIGTERM the retries
+end; an event not yet delivered is never acked, so the partition's next owner redoes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
 
-from worker.kafka.records import Handler, HandlerContext, Origin, Outcome, handle
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    UnknownTopicOrPartitionError,
+)
+
+from worker.kafka.records import (
+    MIN_MESSAGE_BYTES,
+    Handler,
+    HandlerContext,
+    Origin,
+    Outcome,
+    OutRecord,
+    fit,
+    handle,
+    record_size,
+)
 from worker.observability.metrics import Metrics
 from worker.policies import PolicyRegistry
 from worker.settings import Settings
 
-log = logging.getLogger("context_assembler.worker")
+log = logging.getLogger(__name__)
+Send = Callable[[OutRecord], Awaitable[object]]
+
+
+class Stopped(Exception):
+    """The worker is stopping: the event stays unacknowledged, for the next owner to redo."""
+
+
+class _Refused(Exception):
+    """A record was refused as too large, and a smaller outcome can be made for its event."""
+
+
+def _kafka_error(error: BaseException | None) -> KafkaError | None:
+    """`error`, or the Kafka error it wraps (faust raises ProducerSendError from it)."""
+    while error is not None and not isinstance(error, KafkaError):
+        error = error.__cause__
+    return error
+
+
+def too_large(error: BaseException | None) -> bool:
+    """Refused for its size, by the producer (before sending) or by the broker."""
+    return isinstance(_kafka_error(error), MessageSizeTooLargeError | RecordListTooLargeError)
+
+
+def persistent(error: BaseException) -> bool:
+    """Retrying will not fix it: a missing or forbidden topic, a setting, a bug."""
+    kafka = _kafka_error(error)
+    if kafka is None or isinstance(kafka, UnknownTopicOrPartitionError):
+        return True  # topics are never auto-created here: a missing one stays missing
+    return not (kafka.retriable or isinstance(kafka, KafkaTimeoutError))
+
+
+class Attempts:
+    """The failed attempts of one delivery: each is counted and logged, then waited out with
+    exponential backoff. While the last failure is persistent, the pipeline is blocked."""
+
+    def __init__(self, pipeline: EventPipeline, what: str) -> None:
+        self._pipeline = pipeline
+        self._what = what
+        self._delay = 0.1
+
+    async def failed(self, error: BaseException, what: str | None = None) -> None:
+        """Record `error` (of `what`, if more precise than this delivery's name) and back
+        off; raises Stopped if the worker stops meanwhile."""
+        pipeline = self._pipeline
+        what = what or self._what
+        pipeline.metrics.retries.inc()
+        if persistent(error):
+            pipeline.stuck[self] = f"{what}: {error!r}"
+            log.error("%s failed, retrying in %.1fs: %r", what, self._delay, error)
+        else:
+            pipeline.stuck.pop(self, None)
+            log.warning("%s failed, retrying in %.1fs: %r", what, self._delay, error)
+        try:
+            await asyncio.wait_for(pipeline.stopping.wait(), self._delay)
+        except TimeoutError:
+            self._delay = min(self._delay * 2, pipeline.settings.retry_backoff_max_seconds)
+            return
+        raise Stopped
+
+    def close(self) -> None:
+        self._pipeline.stuck.pop(self, None)
 
 
 class EventPipeline:
@@ -35,8 +125,17 @@ class EventPipeline:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._context = HandlerContext(
             registry, settings.limits, settings.prompts_topic, settings.audit_topic,
-            settings.dlq_topic, settings.group_id,
+            settings.dlq_topic, settings.group_id, settings.max_message_bytes,
         )
+        self._limits: dict[str, int] = {}  # learned from the broker's refusals, per topic
+        self.stuck: dict[Attempts, str] = {}  # deliveries failing persistently, and why
+        self.stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def blocked(self) -> str | None:
+        """Why delivery is stuck until an operator acts, or None; /ready is false meanwhile."""
+        return next(iter(self.stuck.values()), None)
 
     def _handle(self, raw: bytes, origin: Origin) -> tuple[Outcome, float]:
         started = time.perf_counter()
@@ -46,6 +145,8 @@ class EventPipeline:
     async def process(self, raw: bytes, origin: Origin) -> Outcome:
         loop = asyncio.get_running_loop()
         outcome, seconds = await loop.run_in_executor(self._executor, self._handle, raw, origin)
+        if self._limits:
+            outcome = fit(outcome, raw, origin, self._context, self._limits)
         self.metrics.observe(outcome, seconds)
         if outcome.rejected is not None:
             log.warning(
@@ -62,20 +163,124 @@ class EventPipeline:
             )
         return outcome
 
-    async def retry_forever(self, what: str, attempt: Callable[[], Awaitable[None]]) -> None:
-        """Deliver or keep trying: giving up would mean acking an unanswered event."""
-        delay = 0.1
+    def learn(self, record: OutRecord) -> bool:
+        """The broker refused `record` as too large (its topic's max.message.bytes is below
+        max_message_bytes): keep later records for that topic smaller. False if no smaller
+        record can stand in for it. A dead letter can be cut further, so its topic's limit
+        is halved, to fit in a few rounds; an output cannot, so only its size is excluded."""
+        size = record_size(record)
+        if record.topic == self.settings.dlq_topic:
+            limit = max(size // 2, MIN_MESSAGE_BYTES)
+        else:
+            limit = size - 1
+        if limit >= size:
+            return False
+        log.warning(
+            "%s refused a record of %d bytes: its max.message.bytes is below "
+            "ASSEMBLER_MAX_MESSAGE_BYTES=%d; sending it at most %d bytes from now on",
+            record.topic, size, self.settings.max_message_bytes, limit,
+        )
+        self._limits[record.topic] = min(limit, self._limits.get(record.topic, limit))
+        return True
+
+    async def retry_forever(
+        self, what: str, attempt: Callable[[], Awaitable[object]],
+        refusable: OutRecord | None = None,
+    ) -> None:
+        """Run `attempt` until it succeeds: giving up would mean acking an unanswered event.
+
+        Raises Stopped once the worker stops, and _Refused if `refusable`, the record being
+        sent, is refused as too large and `learn` says a smaller one can stand in for it.
+        """
+        attempts = Attempts(self, what)
+        try:
+            while True:
+                try:
+                    await attempt()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    if refusable is not None and too_large(error) and self.learn(refusable):
+                        raise _Refused from error
+                    await attempts.failed(error)
+        finally:
+            attempts.close()
+
+    async def deliver(self, raw: bytes, origin: Origin, outcome: Outcome, send: Send) -> None:
+        """Send each record of `outcome` until the broker acknowledges it.
+
+        A record refused as too large turns the event into what `fit` makes of it under the
+        learned limit: an output_too_large dead letter (the event's other output may already
+        be published: at least once allows it) or a shorter dead letter.
+        """
+        refusable = True
         while True:
-            try:
-                await attempt()
+            records = outcome.records
+            sends = (
+                self.retry_forever(
+                    f"produce to {r.topic}", partial(send, r), r if refusable else None
+                )
+                for r in records
+            )
+            results = await asyncio.gather(*sends, return_exceptions=True)
+            errors = [e for e in results if e is not None]
+            if not errors:
                 return
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                self.metrics.retries.inc()
-                log.warning("%s failed, retrying in %.1fs: %r", what, delay, error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.retry_backoff_max_seconds)
+            if not all(isinstance(e, _Refused) for e in errors):
+                raise next(e for e in errors if not isinstance(e, _Refused))
+            refit = fit(outcome, raw, origin, self._context, self._limits)
+            if refit.rejected is not None and outcome.rejected is None:
+                self.metrics.dlq.labels(refit.rejected.reason).inc()
+                log.warning(
+                    "dead-lettered: %s", refit.rejected.message,
+                    extra={"request_id": refit.rejected.request_id, "origin": str(origin),
+                           "reason": refit.rejected.reason},
+                )
+            refusable = refit.records != records  # else: as small as it gets, keep trying
+            outcome = refit
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run `work` as a task that stopping may cancel (see `stop`)."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def stop(self) -> None:
+        """Stop retrying; cancel spawned work still running after half the grace period;
+        exit the process if it is still running after all of it.
+
+        What is cancelled was never acknowledged, so it was never committed: the partition's
+        next owner redoes it. The hard exit skips leaving the group cleanly: the partitions
+        wait out the session timeout, which is still safe.
+        """
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        grace = self.settings.shutdown_grace_seconds
+        log.info("stopping: in-flight events have %.0fs to be delivered", grace / 2)
+        loop = asyncio.get_running_loop()
+        loop.call_later(grace / 2, self._cancel_in_flight)
+        loop.call_later(grace, _exit_now, grace)
+
+    def _cancel_in_flight(self) -> None:
+        if self._tasks:
+            log.warning("%d deliveries still in flight are cancelled; the next owner of their "
+                        "partitions redoes those events", len(self._tasks))
+        for task in self._tasks:
+            task.cancel()
+
+    async def drained(self) -> None:
+        """Return once every spawned task has ended: delivered, stopped or cancelled."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def _exit_now(grace: float) -> None:
+    log.error("still stopping after ASSEMBLER_SHUTDOWN_GRACE_SECONDS=%.0f; exiting now", grace)
+    logging.shutdown()
+    os._exit(1)

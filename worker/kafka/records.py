@@ -1,12 +1,19 @@
 """What one input record turns into: outputs or a dead letter, as plain data.
 
-Kept free of any Kafka client so the mapping (keys, headers, DLQ format) is unit-tested
-without a broker, and both delivery paths (faust, transactional aiokafka) share it.
+Kept free of any Kafka client so the mapping (keys, headers, DLQ format) and the size
+decisions are unit-tested without a broker, and both delivery paths (faust, transactional
+aiokafka) share it.
+
+Every record is sized before it is sent, as the producer will size it: a record over
+max_message_bytes would be refused, and retried forever. So an output that would not fit
+turns its event into an `output_too_large` dead letter, and a dead letter that would not fit
+(the original value plus the error headers) is cut to fit, with headers saying so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from worker.codec import Limits, RejectedInput, encode
@@ -25,6 +32,22 @@ SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET = (
 )
 # Kafka Connect's dead-letter headers (KIP-298), so existing DLQ tooling can read ours.
 ERR = "__connect.errors."
+# On a dead letter whose value was cut to fit: the whole value's length and digest.
+TRUNCATED, ORIGINAL_BYTES, ORIGINAL_SHA256 = (
+    "context-assembler.truncated",
+    "context-assembler.original.bytes",
+    "context-assembler.original.sha256",
+)
+_CUT_HEADERS = (TRUNCATED, ORIGINAL_BYTES, ORIGINAL_SHA256)  # an input's own are dropped
+# The producer's default max.request.size (the broker's max.message.bytes is 12 bytes more),
+# and the least the worker accepts: a dead letter cut to its bones (Connect's headers with a
+# capped message, no key, no value) fits in that much.
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
+MIN_MESSAGE_BYTES = 16_384
+MESSAGE_KEPT_BYTES = 1024  # of the exception message, when even the headers must be cut
+# A v2 record batch header (61 bytes) and a record's worst-case attributes and varints (21):
+# aiokafka's own estimate, which it compares with max_request_size.
+_BATCH_OVERHEAD = 61 + 21
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +83,33 @@ def header(headers: Headers | list[tuple[str, bytes]], name: str) -> bytes | Non
     return next((value for key, value in headers if key == name), None)
 
 
+def _varint_bytes(length: int) -> int:
+    """Bytes of a length as Kafka writes it: a zigzag varint."""
+    zigzag, size = length << 1, 1
+    while zigzag >= 0x80:
+        zigzag >>= 7
+        size += 1
+    return size
+
+
+def _field_bytes(data: bytes | None) -> int:
+    return 1 if data is None else _varint_bytes(len(data)) + len(data)
+
+
+def record_size(record: OutRecord) -> int:
+    """Bytes `record` takes alone in a record batch: what the producer compares with its
+    max_request_size, and at least what the broker compares with max.message.bytes."""
+    size = _BATCH_OVERHEAD + _field_bytes(record.key) + _field_bytes(record.value)
+    size += _varint_bytes(len(record.headers))
+    for name, value in record.headers:
+        size += _field_bytes(name.encode()) + _field_bytes(value)
+    return size
+
+
 def _stage(reason: str) -> str:
-    return "VALUE_CONVERTER" if reason in ("json", "schema", "limits") else "TRANSFORMATION"
+    if reason in ("json", "schema", "limits"):
+        return "VALUE_CONVERTER"
+    return "KAFKA_PRODUCE" if reason == "output_too_large" else "TRANSFORMATION"
 
 
 def dead_letter(
@@ -78,8 +126,45 @@ def dead_letter(
         (f"{ERR}exception.class.name", f"RejectedInput.{rejected.reason}".encode()),
         (f"{ERR}exception.message", rejected.message.encode()),
     )
-    kept = tuple((k, v) for k, v in origin.headers if not k.startswith(ERR))
+    kept = tuple(
+        (k, v) for k, v in origin.headers if not k.startswith(ERR) and k not in _CUT_HEADERS
+    )
     return OutRecord(dlq_topic, origin.key, raw, kept + error_headers)
+
+
+def cut(letter: OutRecord, limit: int) -> OutRecord:
+    """`letter` if it fits in `limit` bytes, else a copy that does, keeping the value's first
+    bytes and, in headers, the whole value's length and sha256.
+
+    If the key and headers alone leave no room, the input's own headers go and the error
+    message is capped; if that is not enough either, the key goes too.
+    """
+    if record_size(letter) <= limit:
+        return letter
+    value = letter.value
+    marks: Headers = (
+        (TRUNCATED, b"true"),
+        (ORIGINAL_BYTES, str(len(value)).encode()),
+        (ORIGINAL_SHA256, hashlib.sha256(value).hexdigest().encode()),
+    )
+    errors = tuple((k, v) for k, v in letter.headers if k.startswith(ERR))
+    inputs = tuple((k, v) for k, v in letter.headers if not k.startswith(ERR))
+    capped = tuple(
+        (k, _utf8_prefix(v, MESSAGE_KEPT_BYTES) if k == f"{ERR}exception.message" else v)
+        for k, v in errors
+    )
+    for key, headers in ((letter.key, inputs + errors), (letter.key, capped), (None, capped)):
+        shell = OutRecord(letter.topic, key, b"", headers + marks)
+        # The empty value takes one byte (its length); a longer one's, at most that of `limit`.
+        room = limit - record_size(shell) + 1 - _varint_bytes(limit)
+        if room >= 0:
+            return OutRecord(letter.topic, key, value[:room], shell.headers)
+    return OutRecord(letter.topic, None, b"", shell.headers)  # refused: retried, reported
+
+
+def _utf8_prefix(data: bytes, limit: int) -> bytes:
+    """At most `limit` bytes of UTF-8 `data`, not cutting a character in two."""
+    return data[:limit].decode("utf-8", "ignore").encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +177,45 @@ class HandlerContext:
     audit_topic: str
     dlq_topic: str
     worker: str  # named in dead letters as __connect.errors.connector.name
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
 Handler = Callable[[bytes, Origin, HandlerContext], Outcome]
+
+
+def fit(
+    outcome: Outcome,
+    raw: bytes,
+    origin: Origin,
+    context: HandlerContext,
+    limits: Mapping[str, int] | None = None,
+) -> Outcome:
+    """`outcome` with every record within its topic's limit: max_message_bytes, or less
+    where `limits` says a topic refused less. An output over it makes the event an
+    `output_too_large` dead letter (none of its outputs is sent). A dead letter is built
+    afresh from `raw` and cut to fit, so its headers always describe the original value."""
+    learned = limits or {}
+
+    def limit(topic: str) -> int:
+        return min(context.max_message_bytes, learned.get(topic, context.max_message_bytes))
+
+    rejected = outcome.rejected
+    if rejected is None:
+        for record in outcome.records:
+            size = record_size(record)
+            if size > limit(record.topic):
+                request_id = outcome.assembly.prompt.request_id if outcome.assembly else None
+                rejected = RejectedInput(
+                    "output_too_large",
+                    f"its record for {record.topic} would be {size} bytes, over the "
+                    f"{limit(record.topic)} a message may have",
+                    request_id,
+                )
+                break
+        else:
+            return outcome
+    letter = dead_letter(origin, raw, rejected, context.dlq_topic, context.worker)
+    return Outcome((cut(letter, limit(context.dlq_topic)),), None, rejected)
 
 
 def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
@@ -102,8 +223,7 @@ def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
     try:
         assembly = assemble_bytes(raw, context.registry, context.limits)
     except RejectedInput as rejected:
-        letter = dead_letter(origin, raw, rejected, context.dlq_topic, context.worker)
-        return Outcome((letter,), None, rejected)
+        return fit(Outcome((), None, rejected), raw, origin, context)
     headers: Headers = (
         (SOURCE_TOPIC, origin.topic.encode()),
         (SOURCE_PARTITION, str(origin.partition).encode()),
@@ -113,11 +233,8 @@ def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
     if trace is not None:
         headers += ((TRACEPARENT, trace),)
     key = assembly.prompt.request_id.encode()
-    return Outcome(
-        (
-            OutRecord(context.prompts_topic, key, encode(assembly.prompt), headers),
-            OutRecord(context.audit_topic, key, encode(assembly.audit), headers),
-        ),
-        assembly,
-        None,
+    outputs = (
+        OutRecord(context.prompts_topic, key, encode(assembly.prompt), headers),
+        OutRecord(context.audit_topic, key, encode(assembly.audit), headers),
     )
+    return fit(Outcome(outputs, assembly, None), raw, origin, context)

@@ -1,4 +1,4 @@
-"""`context-assembler worker`: wire settings, policy, metrics and one delivery path."""
+"""`context-assembler worker`: wire settings, policies, metrics and one delivery path."""
 
 from __future__ import annotations
 
@@ -6,24 +6,31 @@ import asyncio
 import logging
 import signal
 
+from worker.engine.errors import ContextAssemblerError
 from worker.kafka.pipeline import EventPipeline
 from worker.kafka.records import Handler, handle
 from worker.observability import logs
 from worker.observability.http import HealthServer
 from worker.observability.metrics import Metrics
-from worker.policies import PolicyRegistry, load_policy
+from worker.policies import build_registry
 from worker.settings import Settings
 
-log = logging.getLogger("context_assembler.worker")
+log = logging.getLogger(__name__)
 
 
 def run_worker(settings: Settings, handler: Handler = handle) -> int:
     logs.configure(settings.log_level)
-    policy = load_policy(settings.policy_file)  # a bad policy stops the worker before it joins
+    try:  # a bad policy or a missing vocabulary stops the worker before it joins the group
+        registry = build_registry(settings.policy_file, settings.allowed_policies)
+    except ContextAssemblerError as error:
+        log.error("cannot start: %s", error)
+        return 2
     metrics = Metrics()
-    pipeline = EventPipeline(settings, PolicyRegistry(policy), metrics, handler)
+    pipeline = EventPipeline(settings, registry, metrics, handler)
+    policy = registry.default
     log.info(
         "starting", extra={"policy": policy.name, "policy_hash": policy.hash,
+                           "allowed_policies": registry.allowed_names,
                            "guarantee": settings.processing_guarantee,
                            "input_topic": settings.input_topic, "group_id": settings.group_id},
     )
@@ -52,9 +59,7 @@ async def _run_transactional(settings: Settings, pipeline: EventPipeline, metric
 
 
 def _run_faust(settings: Settings, pipeline: EventPipeline, metrics: Metrics) -> None:
-    import faust
-
-    from worker.kafka.faust_app import build_app
+    from worker.kafka.faust_app import FaustWorker, build_app
 
     app = build_app(settings, pipeline)
 
@@ -65,7 +70,7 @@ def _run_faust(settings: Settings, pipeline: EventPipeline, metrics: Metrics) ->
             return 0
 
     def ready() -> bool:
-        return assigned() > 0
+        return assigned() > 0 and not pipeline.blocked
 
     metrics.assigned.set_function(assigned)
 
@@ -76,7 +81,7 @@ def _run_faust(settings: Settings, pipeline: EventPipeline, metrics: Metrics) ->
         await server.start()
         log.info("http listening", extra={"port": server.port})
 
-    worker = faust.Worker(app, loglevel=settings.log_level, override_logging=False, quiet=True)
+    worker = FaustWorker(app, pipeline, settings.log_level)
     try:
         worker.execute_from_commandline()
     finally:
