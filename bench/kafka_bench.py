@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from bench.corpus import Corpus
 from tests.support.broker import Broker, broker_from_env
 from tests.support.worker import Topics, WorkerProcess, produce
-from worker.codec import encode
+from worker.intake.codec import encode
 
 PARTITIONS = 6
 

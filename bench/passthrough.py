@@ -9,7 +9,7 @@ import sys
 
 from worker.kafka.records import HandlerContext, Origin, Outcome, OutRecord
 from worker.kafka.run import run_worker
-from worker.settings import load_settings
+from worker.kafka.settings import load_settings
 
 
 def passthrough(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:

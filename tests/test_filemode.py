@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from tests.factories import EXAMPLES
 from worker import filemode
-from worker.codec import RAW_KEPT_BYTES, Excerpt, Limits
 from worker.engine.policy import Policy
 from worker.filemode import BOM, OutputConflict, output_file, read_lines, refuse_overlaps
-from worker.policies import PolicyRegistry
+from worker.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits
+from worker.intake.policies import PolicyRegistry
 
 GOOD = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
 

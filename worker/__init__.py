@@ -1,3 +1,6 @@
-"""Context Assembler: the engine (`worker.engine`), the file-mode CLI and the Kafka worker."""
+"""Context Assembler: the engine (`worker.engine`), its intake, the file mode, the Kafka worker
+and the command line. The version is the engine's: it is what every output records."""
 
-__version__ = "0.1.0"
+from worker.engine.version import __version__
+
+__all__ = ["__version__"]

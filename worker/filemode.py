@@ -20,10 +20,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import BinaryIO, Final
 
-from worker.codec import RAW_KEPT_BYTES, Excerpt, Limits, RejectedInput, decode_event, encode
 from worker.engine import Assembly, PromptTooLarge, assemble
 from worker.engine.errors import ContextAssemblerError
-from worker.policies import PolicyRegistry
+from worker.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits, RejectedInput, decode_event, encode
+from worker.intake.policies import PolicyRegistry
 
 BOM: Final = b"\xef\xbb\xbf"
 _SKIP_CHUNK: Final = 1 << 16  # an over-long line is consumed this many bytes at a time

@@ -11,7 +11,7 @@ from tests.factories import chunk, event
 from worker.engine import assemble
 from worker.engine.policy import Policy
 from worker.engine.tokens import get_counter
-from worker.policies import load_preset
+from worker.intake.policies import load_preset
 
 CL100K = get_counter("cl100k_base")
 

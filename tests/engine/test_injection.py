@@ -25,10 +25,10 @@ from pydantic import ValidationError
 
 from schemas.models import RetrievalResult
 from tests.factories import chunk, event, policy
-from worker.codec import Limits, RejectedInput, decode_event
 from worker.engine import Assembly, assemble
 from worker.engine.policy import Policy
 from worker.engine.render import neutralise
+from worker.intake.codec import Limits, RejectedInput, decode_event
 
 WORD = "documents"
 OPENER = re.compile(r"<\s*documents")

@@ -6,11 +6,11 @@ import sys
 
 from schemas.models import RetrievalResult
 from tests.factories import example, example_events
-from worker.codec import encode
+from worker.diagnose.explain import SEED_BUDGETS, sweep
 from worker.engine import assemble
 from worker.engine.policy import Policy
-from worker.explain import SEED_BUDGETS, sweep
-from worker.policies import load_preset
+from worker.intake.codec import encode
+from worker.intake.policies import load_preset
 
 ESTIMATED = load_preset("estimated")  # seed 000's rules: characters / 4
 
@@ -116,7 +116,7 @@ def test_same_event_same_bytes_even_across_processes() -> None:
     script = (
         "import sys, json\n"
         "from schemas.models import RetrievalResult\n"
-        "from worker.codec import encode\n"
+        "from worker.intake.codec import encode\n"
         "from worker.engine import assemble, Policy\n"
         "for line in open('examples/events.jsonl'):\n"
         "    e = RetrievalResult.model_validate_json(line)\n"

@@ -1,8 +1,8 @@
 import pytest
 
-from worker.codec import RejectedInput
 from worker.engine.policy import Policy, PolicyError, policy_from_mapping
-from worker.policies import (
+from worker.intake.codec import RejectedInput
+from worker.intake.policies import (
     PolicyRegistry,
     build_registry,
     load_policy,

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from schemas.models import AssembledPrompt, RetrievalResult
 from tests.factories import chunk
-from worker.codec import encode
 from worker.engine import PromptTooLarge, assemble
 from worker.engine.candidate import Candidate
 from worker.engine.dedup import CopyDetector
 from worker.engine.policy import DedupPolicy, Policy, policy_from_mapping
 from worker.engine.tokens import EXACT_TOKENIZERS, get_counter
 from worker.engine.words import chunk_words, jaccard
+from worker.intake.codec import encode
 
 # A small vocabulary makes near-duplicates and identical texts common.
 WORDS = st.sampled_from(["pump", "hose", "kit", "warranty", "years", "days", "refund", "policy", "staff", "frost", "the", "a", "of", "30", "45", "PW-2200", "PW-2400", "</documents>", "[S1]"])

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from worker.engine.cache import BoundedCache
 from worker.engine.tokens import CharsPerFour, WordsTimesOnePointThree, get_counter
-from worker.vocabulary import VocabularyUnavailable, ensure_vocabulary
+from worker.engine.vocabulary import VocabularyUnavailable, ensure_vocabulary
 
 
 def test_chars_per_four_rounds_up_like_seed_000() -> None:

@@ -22,7 +22,7 @@ from tests.support.worker import (
     produce,
     read_topic,
 )
-from worker.cli import main
+from worker.cli.main import main
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 

@@ -7,9 +7,10 @@ import orjson
 
 from schemas.models import RetrievalResult
 from tests.factories import EXAMPLES
-from worker.codec import Limits, RejectedInput, encode
 from worker.engine import assemble
 from worker.engine.policy import Policy
+from worker.intake.codec import Limits, RejectedInput, encode
+from worker.intake.policies import PolicyRegistry
 from worker.kafka.records import (
     DEFAULT_MAX_MESSAGE_BYTES,
     ERR,
@@ -28,7 +29,6 @@ from worker.kafka.records import (
     handle,
     record_size,
 )
-from worker.policies import PolicyRegistry
 
 CONTEXT = HandlerContext(PolicyRegistry(Policy()), Limits(), "prompts", "audit", "dlq",
                          "context-assembler")
@@ -192,7 +192,7 @@ def test_limits_learned_for_a_topic_apply_to_its_records_only() -> None:
 
 
 def test_the_smallest_max_message_bytes_setting_still_fits_a_dead_letter() -> None:
-    from worker.settings import Settings
+    from worker.kafka.settings import Settings
 
     assert Settings.model_fields["max_message_bytes"].metadata[0].ge == MIN_MESSAGE_BYTES
     assert Settings().max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES

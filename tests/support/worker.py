@@ -26,8 +26,8 @@ from aiokafka.structs import ConsumerRecord
 from tests.factories import EXAMPLES
 from tests.support.broker import Broker
 from worker import filemode
-from worker.codec import Limits
-from worker.policies import build_registry
+from worker.intake.codec import Limits
+from worker.intake.policies import build_registry
 
 Header = tuple[str, bytes]
 # The policies the shipped example events name: requests may name only allowed ones.

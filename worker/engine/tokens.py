@@ -68,7 +68,7 @@ class TiktokenCounter:
     def __init__(self, encoding_name: str, cache_bytes: int = TOKEN_CACHE_BYTES) -> None:
         import tiktoken
 
-        from worker.vocabulary import ensure_vocabulary
+        from worker.engine.vocabulary import ensure_vocabulary
 
         ensure_vocabulary(encoding_name)
         self.name = encoding_name

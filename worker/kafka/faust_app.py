@@ -29,9 +29,9 @@ from functools import partial
 import faust
 from faust.types import EventT
 
-from worker.kafka.pipeline import EventPipeline, Stopped
 from worker.kafka.records import Origin, OutRecord
-from worker.settings import Settings
+from worker.kafka.runner import EventPipeline, Stopped
+from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
         broker_heartbeat_interval=settings.session_timeout_seconds / 3,
         topic_disable_leader=True,  # no extra "<app>-__assignor-__leader" topic
         topic_allow_declare=False,  # topics are created by operations, not by the worker
-        web_enabled=False,  # our own /metrics, /health, /ready (worker.observability.http)
+        web_enabled=False,  # our own /metrics, /health, /ready (worker.kafka.observability.http)
         autodiscover=False,
         datadir=tempfile.mkdtemp(prefix="context-assembler-faust-"),  # faust insists on one
     )

@@ -16,10 +16,10 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from worker.codec import Limits, RejectedInput, encode
 from worker.engine import Assembly
 from worker.filemode import assemble_bytes
-from worker.policies import PolicyRegistry
+from worker.intake.codec import Limits, RejectedInput, encode
+from worker.intake.policies import PolicyRegistry
 
 Headers = tuple[tuple[str, bytes], ...]
 TRACEPARENT = "traceparent"
@@ -122,7 +122,7 @@ def dead_letter(
         (f"{ERR}offset", str(origin.offset).encode()),
         (f"{ERR}connector.name", worker.encode()),
         (f"{ERR}stage", _stage(rejected.reason).encode()),
-        (f"{ERR}class.name", b"worker.codec.RejectedInput"),
+        (f"{ERR}class.name", b"worker.intake.codec.RejectedInput"),
         (f"{ERR}exception.class.name", f"RejectedInput.{rejected.reason}".encode()),
         (f"{ERR}exception.message", rejected.message.encode()),
     )

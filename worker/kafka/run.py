@@ -7,13 +7,13 @@ import logging
 import signal
 
 from worker.engine.errors import ContextAssemblerError
-from worker.kafka.pipeline import EventPipeline
+from worker.intake.policies import build_registry
+from worker.kafka.observability import logs
+from worker.kafka.observability.http import HealthServer
+from worker.kafka.observability.metrics import Metrics
 from worker.kafka.records import Handler, handle
-from worker.observability import logs
-from worker.observability.http import HealthServer
-from worker.observability.metrics import Metrics
-from worker.policies import build_registry
-from worker.settings import Settings
+from worker.kafka.runner import EventPipeline
+from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
 

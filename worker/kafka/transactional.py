@@ -30,9 +30,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
 from aiokafka.structs import OffsetAndMetadata
 
-from worker.kafka.pipeline import Attempts, EventPipeline, Stopped, too_large
 from worker.kafka.records import Origin, OutRecord
-from worker.settings import Settings
+from worker.kafka.runner import Attempts, EventPipeline, Stopped, too_large
+from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
 BATCH_RECORDS = 200

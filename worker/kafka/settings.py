@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from worker.codec import Limits
 from worker.engine.errors import ContextAssemblerError
+from worker.intake.codec import Limits
 
 
 class SettingsError(ContextAssemblerError, ValueError):

@@ -11,13 +11,13 @@ from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 
-from worker.codec import RejectedInput
 from worker.engine.policy import Policy, PolicyError, policy_from_mapping
 from worker.engine.tokens import get_counter
+from worker.intake.codec import RejectedInput
 
 
 def preset_names() -> list[str]:
-    folder = resources.files("worker") / "presets"
+    folder = resources.files("worker.intake") / "presets"
     names = (p.name for p in folder.iterdir())
     return sorted(n.removesuffix(".toml") for n in names if n.endswith(".toml"))
 
@@ -32,7 +32,7 @@ def _parse(text: str, where: str) -> dict[str, object]:
 def load_preset(name: str) -> Policy:
     if name not in preset_names():
         raise PolicyError(f"no preset named {name!r}; presets: {', '.join(preset_names())}")
-    text = (resources.files("worker") / "presets" / f"{name}.toml").read_text("utf-8")
+    text = (resources.files("worker.intake") / "presets" / f"{name}.toml").read_text("utf-8")
     return policy_from_mapping(_parse(text, f"preset {name}"), name=name)
 
 

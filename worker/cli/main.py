@@ -19,10 +19,7 @@ from pydantic import ValidationError
 
 from schemas.models import AssemblyAudit, RetrievalResult
 from worker import __version__, filemode
-from worker.codec import Excerpt, Limits, RejectedInput, decode_event
-from worker.engine import Policy, assemble
-from worker.engine.errors import ContextAssemblerError
-from worker.explain import (
+from worker.diagnose.explain import (
     SEED_BUDGETS,
     UnusableInput,
     decision_table,
@@ -31,8 +28,17 @@ from worker.explain import (
     sweep_chart,
     sweep_table,
 )
-from worker.kafka.reader import RangeError, is_position, parse_position, parse_time
-from worker.policies import PolicyRegistry, build_registry, load_policy, load_preset, preset_names
+from worker.engine import Policy, assemble
+from worker.engine.errors import ContextAssemblerError
+from worker.intake.codec import Excerpt, Limits, RejectedInput, decode_event
+from worker.intake.policies import (
+    PolicyRegistry,
+    build_registry,
+    load_policy,
+    load_preset,
+    preset_names,
+)
+from worker.kafka.replay.reader import RangeError, is_position, parse_position, parse_time
 
 # The stream "-" means for each output option.
 STDOUT, STDERR = 1, 2
@@ -180,8 +186,8 @@ def _recorded_policy(registry: PolicyRegistry, name: str) -> Policy:
 def _explain_from_kafka(args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker.kafka.replay import find_recorded
-    from worker.settings import load_settings
+    from worker.kafka.replay.replay import find_recorded
+    from worker.kafka.settings import load_settings
 
     if args.request_id is None:
         raise LookupError("explain --kafka needs a REQUEST_ID")
@@ -254,7 +260,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
 def cmd_worker(_: argparse.Namespace) -> int:
     from worker.kafka.run import run_worker
-    from worker.settings import load_settings
+    from worker.kafka.settings import load_settings
 
     return run_worker(load_settings())
 
@@ -263,7 +269,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     import asyncio
 
     from worker.kafka.produce import produce
-    from worker.settings import load_settings
+    from worker.kafka.settings import load_settings
 
     settings = load_settings()
     servers = args.bootstrap_servers or settings.bootstrap_servers
@@ -279,8 +285,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from worker.kafka.replay import ReplayRequest, replay
-    from worker.settings import load_settings
+    from worker.kafka.replay.replay import ReplayRequest, replay
+    from worker.kafka.settings import load_settings
 
     if args.start and args.from_time:
         raise RangeError("give --from or --from-time, not both")
@@ -464,6 +470,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bug(error, args.debug)
     return status
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Replay input events from the topic, re-assemble them, and compare with what was published.
 
-The input is read by offsets or time without a consumer group (worker.kafka.reader), so the
+The input is read by offsets or time without a consumer group (worker.kafka.replay.reader), so the
 worker's group and its committed offsets are never touched. Each event goes through the
 worker's own `handle`, so the same policy gives the same bytes the worker published.
 Results are written whole or not at all: files are renamed into place at the end, topics
@@ -21,9 +21,9 @@ from typing import BinaryIO
 
 from aiokafka import AIOKafkaProducer
 
-from worker.codec import Limits, encode
-from worker.compare import Comparison, compare
-from worker.kafka.reader import Span, TopicReader
+from worker.diagnose.compare import Comparison, compare
+from worker.intake.codec import Limits, encode
+from worker.intake.policies import PolicyRegistry
 from worker.kafka.records import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -33,7 +33,7 @@ from worker.kafka.records import (
     handle,
     header,
 )
-from worker.policies import PolicyRegistry
+from worker.kafka.replay.reader import Span, TopicReader
 
 Coordinates = tuple[int, int]  # input partition, offset
 

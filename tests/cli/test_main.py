@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.factories import EXAMPLES
-from worker import cli, filemode, vocabulary
-from worker.cli import main
+from worker import filemode
+from worker.cli import main as cli
+from worker.cli.main import main
+from worker.engine import vocabulary
 from worker.engine.tokens import _tiktoken_counter
-from worker.policies import build_registry, load_preset
+from worker.intake.policies import build_registry, load_preset
 
 
 def lines(path: Path) -> list[dict[str, object]]:

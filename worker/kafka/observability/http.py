@@ -7,7 +7,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from worker.observability.metrics import Metrics
+from worker.kafka.observability.metrics import Metrics
 
 
 class HealthServer:

@@ -1,7 +1,7 @@
 import pytest
 
 from tests.deploy.test_manifests import KNOWN_SETTINGS
-from worker.settings import Settings, SettingsError, load_settings
+from worker.kafka.settings import Settings, SettingsError, load_settings
 
 
 def test_settings_come_from_assembler_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,12 +18,12 @@ from faust.exceptions import ProducerSendError
 
 from tests.kafka.test_records import GOOD, origin
 from worker.engine.policy import Policy
-from worker.kafka import pipeline as pipeline_module
-from worker.kafka.pipeline import EventPipeline, Stopped, persistent, too_large
+from worker.intake.policies import PolicyRegistry
+from worker.kafka import runner as pipeline_module
+from worker.kafka.observability.metrics import Metrics
 from worker.kafka.records import ERR, OutRecord, record_size
-from worker.observability.metrics import Metrics
-from worker.policies import PolicyRegistry
-from worker.settings import Settings
+from worker.kafka.runner import EventPipeline, Stopped, persistent, too_large
+from worker.kafka.settings import Settings
 
 
 def wrapped(error: Exception) -> ProducerSendError:

@@ -32,6 +32,8 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
+from worker.intake.policies import PolicyRegistry
+from worker.kafka.observability.metrics import Metrics
 from worker.kafka.records import (
     MIN_MESSAGE_BYTES,
     Handler,
@@ -43,9 +45,7 @@ from worker.kafka.records import (
     handle,
     record_size,
 )
-from worker.observability.metrics import Metrics
-from worker.policies import PolicyRegistry
-from worker.settings import Settings
+from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
 Send = Callable[[OutRecord], Awaitable[object]]

@@ -1,8 +1,8 @@
 from tests.factories import example, policy
-from worker.codec import encode
-from worker.compare import compare, decisions
+from worker.diagnose.compare import compare, decisions
 from worker.engine import assemble
-from worker.policies import load_preset
+from worker.intake.codec import encode
+from worker.intake.policies import load_preset
 
 
 def records(request_id: str, **sections: dict[str, object]) -> tuple[bytes, bytes]:

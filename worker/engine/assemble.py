@@ -24,7 +24,6 @@ from schemas.models import (
     RetrievalResult,
     TokenUsage,
 )
-from worker import __version__
 from worker.engine import budget as budgets
 from worker.engine import render
 from worker.engine.candidate import Candidate
@@ -35,6 +34,7 @@ from worker.engine.order import arrange
 from worker.engine.pack import Packed, pack
 from worker.engine.policy import Policy
 from worker.engine.tokens import EXACT_TOKENIZERS, TokenCounter, get_counter
+from worker.engine.version import __version__
 
 ENGINE = EngineInfo(version=__version__)
 

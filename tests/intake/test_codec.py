@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.models import RetrievalResult
-from worker.codec import Excerpt, Limits, RejectedInput, decode_event, encode
+from worker.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
 
 
 def reject(raw: bytes | Excerpt, limits: Limits | None = None) -> RejectedInput:

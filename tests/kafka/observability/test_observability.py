@@ -4,13 +4,13 @@ import urllib.error
 import urllib.request
 
 from tests.factories import EXAMPLES
-from worker.codec import Limits
 from worker.engine.policy import Policy
+from worker.intake.codec import Limits
+from worker.intake.policies import PolicyRegistry
+from worker.kafka.observability.http import HealthServer
+from worker.kafka.observability.logs import JsonFormatter
+from worker.kafka.observability.metrics import Metrics
 from worker.kafka.records import HandlerContext, Origin, Outcome, handle
-from worker.observability.http import HealthServer
-from worker.observability.logs import JsonFormatter
-from worker.observability.metrics import Metrics
-from worker.policies import PolicyRegistry
 
 
 def outcome(raw: bytes) -> Outcome:

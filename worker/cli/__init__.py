@@ -1,0 +1,1 @@
+"""`context-assembler`: the command line (`main.main` is the entry point)."""

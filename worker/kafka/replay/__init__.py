@@ -1,0 +1,1 @@
+"""Replay input events from topic offsets or times, without joining the worker's group."""
