@@ -17,6 +17,7 @@ from schemas.models import (
     KeptChunk,
     Message,
     PolicyRef,
+    RejectReason,
     RetrievalResult,
     TokenUsage,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "KeptChunk",
     "Message",
     "PolicyRef",
+    "RejectReason",
     "RetrievalResult",
     "TokenUsage",
 ]

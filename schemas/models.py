@@ -138,6 +138,18 @@ class DropReason(StrEnum):
     EMPTY = "empty"
 
 
+class RejectReason(StrEnum):
+    """Why an input was not assembled: the reason of its error record or dead letter."""
+
+    JSON = "json"  # not UTF-8, not strict JSON (a repeated key, NaN, infinity)
+    SCHEMA = "schema"  # valid JSON, not a RetrievalResult
+    LIMITS = "limits"  # over max_event_bytes, max_chunks, max_chunk_chars, max_question_chars
+    POLICY = "policy"  # names a policy the operator did not allow
+    BUDGET = "budget"  # the instructions and the question alone overflow the window
+    ENGINE = "engine"  # a bug: the event is kept for replay
+    OUTPUT_TOO_LARGE = "output_too_large"  # its prompt or audit is over the message size limit
+
+
 class Citation(_Record):
     label: str
     chunk_id: str
@@ -217,7 +229,7 @@ class ErrorRecord(_Record):
 
     schema_version: Literal[1] = 1
     origin: str = Field(description="file:line or topic/partition/offset")
-    reason: str = Field(description="Short machine-readable class: json, schema, limits, engine.")
+    reason: RejectReason = Field(description="Why the input was not assembled.")
     message: str
     request_id: str | None = None
     raw: str = Field(

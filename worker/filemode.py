@@ -1,6 +1,7 @@
 """The embedded default: the engine over JSONL files, no broker.
 
-One input line in gives one prompt line and one audit line out, in input order. A line
+One input line in gives one prompt line and one audit line out, in input order
+(`intake.handle` turns each line's bytes into both, as it does for the Kafka worker). A line
 that cannot be assembled becomes an error record with its origin (file:line) and the
 reason, and the next line is processed.
 
@@ -20,29 +21,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import BinaryIO, Final
 
-from worker.engine import Assembly, PromptTooLarge, assemble
 from worker.engine.errors import ContextAssemblerError
-from worker.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits, RejectedInput, decode_event, encode
+from worker.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits, RejectedInput, encode
+from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry
 
 BOM: Final = b"\xef\xbb\xbf"
 _SKIP_CHUNK: Final = 1 << 16  # an over-long line is consumed this many bytes at a time
-
-
-def assemble_bytes(
-    raw: bytes | Excerpt, registry: PolicyRegistry, limits: Limits
-) -> Assembly:
-    """Decode, pick the policy and assemble; every failure is a RejectedInput."""
-    event = decode_event(raw, limits)
-    policy = registry.resolve(event.policy, event.request_id)
-    try:
-        return assemble(event, policy)
-    except PromptTooLarge as error:
-        raise RejectedInput("budget", str(error), event.request_id) from error
-    except Exception as error:  # an engine bug must cost one event, not the stream
-        raise RejectedInput(
-            "engine", f"{type(error).__name__}: {error}", event.request_id
-        ) from error
 
 
 def _without_terminator(line: bytes) -> bytes:

@@ -1,9 +1,10 @@
-"""The file mode as a user runs it: JSONL in, JSONL out, errors with their origin."""
+"""main(): the project's errors in one line with exit status 2, Ctrl-C 130, anything else a
+bug (70, its traceback only with --debug)."""
 
 from __future__ import annotations
 
+import errno
 import io
-import json
 import os
 from pathlib import Path
 
@@ -11,68 +12,13 @@ import pytest
 
 from tests.factories import EXAMPLES
 from worker import filemode
-from worker.cli import main as cli
+from worker.cli import files
 from worker.cli.main import main
 from worker.engine import vocabulary
+from worker.engine.errors import ContextAssemblerError
 from worker.engine.tokens import _tiktoken_counter
-from worker.intake.policies import build_registry, load_preset
 
-
-def lines(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def test_assemble_writes_prompts_and_audits_in_input_order(tmp_path: Path) -> None:
-    out, audit = tmp_path / "prompts.jsonl", tmp_path / "audit.jsonl"
-    status = main(["assemble", str(EXAMPLES / "events.jsonl"), "--out", str(out), "--audit", str(audit),
-                   "--allow-policy", "window-8k"])
-    assert status == 0
-    expected = [json.loads(line)["request_id"] for line in (EXAMPLES / "events.jsonl").read_text().splitlines()]
-    assert [p["request_id"] for p in lines(out)] == expected
-    assert [a["request_id"] for a in lines(audit)] == expected
-
-
-def test_bad_lines_become_error_records_and_the_rest_is_assembled(tmp_path: Path) -> None:
-    good = (EXAMPLES / "events.jsonl").read_text().splitlines()
-    mixed = tmp_path / "mixed.jsonl"
-    mixed.write_bytes("\n".join([
-        good[0], "{oops", good[1], '{"request_id": "r9", "question": 5}',
-        '{"request_id": "r10", "question": "q", "policy": "nope"}', good[2],
-    ]).encode() + b"\n\xff\xfe\n")
-    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    status = main(["assemble", str(mixed), "--out", str(out), "--errors", str(errors)])
-    assert status == 1
-    assert len(lines(out)) == 3
-    records = lines(errors)
-    assert [(r["origin"], r["reason"]) for r in records] == [
-        (f"{mixed}:2", "json"), (f"{mixed}:4", "schema"), (f"{mixed}:5", "policy"), (f"{mixed}:7", "json")]
-    assert records[1]["request_id"] == "r9" and records[0]["raw"] == "{oops"
-
-
-def test_same_input_same_bytes(tmp_path: Path) -> None:
-    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    for target in (first, second):
-        assert main(["assemble", str(EXAMPLES / "events.jsonl"), "--out", str(target),
-                     "--policy", "estimated", "--allow-policy", "window-8k"]) == 0
-    assert first.read_bytes() == second.read_bytes()
-
-
-def test_explain_prints_the_decisions(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", "q30-customer", "--events", str(EXAMPLES / "events.jsonl"),
-                 "--policy", "estimated"]) == 0
-    table = capsys.readouterr().out
-    assert "access_denied" in table and "kept as [wp-2-periods]" in table
-    assert "near-duplicate of pw2400-winter (rank 3), jaccard 1.000" in table
-    assert main(["explain", "missing", "--events", str(EXAMPLES / "events.jsonl")]) == 2
-
-
-def test_sweep_prints_the_budgets_and_draws_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    png = tmp_path / "sweep.png"
-    assert main(["sweep", "q30-staff", "--events", str(EXAMPLES / "events.jsonl"),
-                 "--policy", "estimated", "--png", str(png)]) == 0
-    table = capsys.readouterr().out
-    assert "   300     2 of 5     196  wcp-3-pumps pw2400-winter" in table
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+EVENTS = EXAMPLES / "events.jsonl"
 
 
 def test_a_broken_policy_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,56 +27,45 @@ def test_a_broken_policy_file_is_a_usage_error(tmp_path: Path, capsys: pytest.Ca
     assert main(["assemble", str(EXAMPLES / "events.jsonl"), "--policy", str(policy)]) == 2
     assert "select.packing" in capsys.readouterr().err
 
+@pytest.mark.parametrize(
+    ("raised", "status", "message"),
+    [
+        (ContextAssemblerError("bad \x1b[2J policy"), 2, "context-assembler: bad \\x1b[2J policy\n"),
+        (OSError(errno.EACCES, "Permission denied"), 2, "context-assembler: [Errno 13] Permission denied\n"),
+        (LookupError("gone"), 70, "context-assembler: LookupError: gone (this is a bug; please report it"),
+    ],
+)
+def test_main_reports_the_projects_errors_and_calls_the_rest_bugs(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        raised: Exception, status: int, message: str) -> None:
+    def load_policy(spec: str | None) -> None:
+        raise raised
 
-EVENTS = EXAMPLES / "events.jsonl"
+    monkeypatch.setattr(files, "load_policy", load_policy)
+    assert main(["policy"]) == status
+    assert capsys.readouterr().err.startswith(message)
 
 
-def event_line(**fields: object) -> bytes:
-    event: dict[str, object] = {"request_id": "r1", "question": "Which pump kit?", "audience": "staff",
-                                "chunks": [{"chunk_id": "a", "text": "The pump kit is PK-2200-07."}]}
-    return json.dumps({**event, **fields}).encode() + b"\n"
+def test_a_request_or_a_file_that_is_not_there_is_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "missing", "--events", str(EVENTS)]) == 2
+    assert capsys.readouterr().err == f"context-assembler: request 'missing' is not in {EVENTS}\n"
+    missing, folder = tmp_path / "missing.jsonl", tmp_path / "no" / "out.jsonl"
+    assert main(["assemble", str(missing), "--out", os.devnull]) == 2
+    assert f"No such file or directory: '{missing}'" in capsys.readouterr().err
+    assert main(["assemble", str(EVENTS), "--out", str(folder)]) == 2
+    assert f"No such file or directory: '{folder}'" in capsys.readouterr().err
+    assert main(["explain", "q30-staff", "--events", str(EVENTS), "--audit", str(tmp_path)]) == 2
+    assert f"Is a directory: '{tmp_path}'" in capsys.readouterr().err
 
 
-def test_a_request_may_name_only_a_policy_the_operator_allowed(tmp_path: Path) -> None:
-    follow_up = (EVENTS.read_bytes().splitlines()[-1])
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_an_output_that_cannot_be_written_is_an_error_not_a_bug(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.jsonl"
-    source.write_bytes(follow_up + b"\n")
-    errors = tmp_path / "errors.jsonl"
-    assert main(["assemble", str(source), "--out", str(tmp_path / "o"), "--errors", str(errors)]) == 1
-    [record] = lines(errors)
-    assert record["reason"] == "policy" and "'window-8k' is not allowed" in str(record["message"])
-    assert main(["assemble", str(source), "--out", str(tmp_path / "o"), "--allow-policy", "window-8k"]) == 0
-    assert main(["explain", "follow-up", "--events", str(source)]) == 2
-    assert main(["explain", "follow-up", "--events", str(source), "--allow-policy", "window-8k"]) == 0
-    assert main(["sweep", "follow-up", "--events", str(source), "--budgets", "500",
-                 "--allow-policy", "window-8k"]) == 0
-
-
-@pytest.mark.parametrize("alias", ["same", "symlink", "hardlink"])
-def test_an_output_that_is_the_input_is_refused_before_anything_is_written(
-        tmp_path: Path, alias: str, capsys: pytest.CaptureFixture[str]) -> None:
-    source = tmp_path / "in.jsonl"
-    source.write_bytes(EVENTS.read_bytes())
-    out = {"same": source, "symlink": tmp_path / "link.jsonl", "hardlink": tmp_path / "hard.jsonl"}[alias]
-    if alias == "symlink":
-        out.symlink_to(source)
-    elif alias == "hardlink":
-        os.link(source, out)
-    assert main(["assemble", str(source), "--out", str(out)]) == 2
-    assert "is the same file as the input" in capsys.readouterr().err
-    assert source.read_bytes() == EVENTS.read_bytes()
-
-
-def test_two_outputs_may_not_be_one_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "out.jsonl"
-    out.write_bytes(b"kept\n")
-    assert main(["assemble", str(EVENTS), "--out", str(out), "--audit", str(out)]) == 2
-    assert main(["assemble", str(EVENTS), "--audit", str(tmp_path / "new"),
-                 "--errors", str(tmp_path / "." / "new")]) == 2
-    assert main(["assemble", str(EVENTS), "--audit", "-"]) == 2  # prompts go to stdout too
-    err = capsys.readouterr().err
-    assert "--audit stdout is the same file as --out stdout" in err
-    assert out.read_bytes() == b"kept\n" and sorted(os.listdir(tmp_path)) == ["out.jsonl"]
+    source.write_bytes(EVENTS.read_bytes().splitlines()[0] + b"\n")
+    assert main(["assemble", str(source), "--out", "/dev/full"]) == 2
+    assert capsys.readouterr().err == "context-assembler: [Errno 28] No space left on device\n"
 
 
 def test_an_interrupted_run_leaves_the_old_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,61 +81,12 @@ def test_an_interrupted_run_leaves_the_old_outputs(tmp_path: Path, monkeypatch: 
     assert out.read_bytes() == b"old\n" and os.listdir(tmp_path) == ["out.jsonl"]
 
 
-def test_a_bom_and_an_over_long_line_in_a_file(tmp_path: Path) -> None:
-    source = tmp_path / "in.jsonl"
-    source.write_bytes(b"\xef\xbb\xbf" + event_line() + b'{"request_id": "' + b"x" * 5000 + b'"}\n')
-    errors = tmp_path / "errors.jsonl"
-    assert main(["assemble", str(source), "--out", os.devnull, "--errors", str(errors),
-                 "--max-event-bytes", "2000"]) == 1
-    [record] = lines(errors)
-    assert (record["origin"], record["reason"], record["raw_bytes"]) == (f"{source}:2", "limits", 5018)
-    assert record["message"] == "event is 5018 bytes, over max_event_bytes=2000"
-    assert len(str(record["raw"])) == 1024 and record["raw_truncated"] is True
-
-
-def test_explain_escapes_what_the_event_says(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    source = tmp_path / "in.jsonl"
-    source.write_bytes(
-        event_line(request_id="r\x1b[2J", chunks=[{"chunk_id": "a", "doc_id": "d\u202eoc\x9b31m", "text": "t"}])
-        + json.dumps({"request_id": "r2", "question": "q", "\x1b]0;owned\x07": 1}).encode() + b"\n")
-    assert main(["explain", "--events", str(source), "--policy", "estimated"]) == 0
-    captured = capsys.readouterr()
-    assert "request r\\x1b[2J |" in captured.out and "d\\u202eoc\\x9b31m" in captured.out
-    assert "\\x1b]0;owned\\x07" in captured.err
-    for text in (captured.out, captured.err):
-        assert not {"\x1b", "\x07", "\u202e", "\x9b"} & set(text)
-
-
-def test_explain_refuses_an_audit_of_another_event(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    events, audit = tmp_path / "events.jsonl", tmp_path / "audit.jsonl"
-    events.write_bytes(event_line())
-    assert main(["assemble", str(events), "--out", os.devnull, "--audit", str(audit)]) == 0
-    events.write_bytes(event_line(chunks=[{"chunk_id": c, "text": "t"} for c in "abc"]))
-    assert main(["explain", "r1", "--events", str(events), "--audit", str(audit)]) == 2
-    assert "does not decide exactly the 3 chunks of its event" in capsys.readouterr().err
-    audit.write_text('{"request_id": 5}\n')
-    assert main(["explain", "r1", "--events", str(events), "--audit", str(audit)]) == 2
-    assert f"{audit}:1: not an AssemblyAudit" in capsys.readouterr().err
-
-
-def test_sweep_names_charts_safely_and_checks_its_budgets(tmp_path: Path) -> None:
-    source = tmp_path / "in.jsonl"
-    source.write_bytes(event_line(request_id="../r/1"))
-    assert main(["sweep", "--events", str(source), "--budgets", "100,200", "--png", str(tmp_path / "s.png")]) == 0
-    assert (tmp_path / "s-.._r_1.png").exists()
-    for budgets in ("1:x", "10:1:1", "1:5:0"):
-        with pytest.raises(SystemExit, match="2"):
-            main(["sweep", "--events", str(source), "--budgets", budgets])
-    with pytest.raises(SystemExit, match="2"):
-        main(["assemble", "--max-event-bytes", "0"])
-
-
 def test_a_bug_is_one_line_unless_debugging(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     def broken(*args: object) -> None:
         raise KeyError(41)
 
-    monkeypatch.setattr(cli, "decision_table", broken)
+    monkeypatch.setattr(files, "decision_table", broken)
     command = ["explain", "q30-staff", "--events", str(EVENTS), "--policy", "estimated"]
     assert main(command) == 70
     err = capsys.readouterr().err
@@ -221,18 +107,3 @@ def test_a_missing_vocabulary_stops_the_command_before_reading(
     err = capsys.readouterr().err
     assert "context-assembler: tokenizer vocabulary 'cl100k_base' is not available offline" in err
     assert not (tmp_path / "o").exists()
-
-
-def test_replay_refuses_one_file_for_two_outputs_before_connecting(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = str(tmp_path / "out.jsonl")
-    assert main(["replay", "--from", "0:0", "--out", out, "--errors", out]) == 2
-    assert "--errors" in capsys.readouterr().err and not os.listdir(tmp_path)
-
-
-def test_explain_kafka_shows_the_recorded_policy_the_operator_chooses() -> None:
-    registry = build_registry("estimated", ["window-8k"])
-    allowed = cli._recorded_policy(registry, "window-8k")
-    assert allowed is registry.resolve("window-8k") and allowed.guard == registry.default.guard
-    assert cli._recorded_policy(registry, "rank-fidelity") == load_preset("rank-fidelity")
-    assert cli._recorded_policy(registry, "gone") is registry.default

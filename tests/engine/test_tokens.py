@@ -4,9 +4,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from worker.engine import vocabulary
 from worker.engine.cache import BoundedCache
-from worker.engine.tokens import CharsPerFour, WordsTimesOnePointThree, get_counter
-from worker.engine.vocabulary import VocabularyUnavailable, ensure_vocabulary
+from worker.engine.errors import VocabularyUnavailable
+from worker.engine.tokens import (
+    CharsPerFour,
+    TiktokenCounter,
+    WordsTimesOnePointThree,
+    get_counter,
+)
+from worker.engine.vocabulary import ensure_vocabulary, load_encoding
 
 
 def test_chars_per_four_rounds_up_like_seed_000() -> None:
@@ -91,6 +98,24 @@ def test_bundled_vocabulary_is_placed_in_an_empty_cache(
     import pathlib
 
     assert len(list(pathlib.Path(str(tmp_path)).iterdir())) == 1
+
+
+def test_a_counter_only_counts_the_encoding_it_is_handed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pure core: building and using a counter reads no environment and no file; the
+    loader (vocabulary.py), called once by get_counter, does."""
+    encoding = load_encoding("cl100k_base")
+    expected = get_counter("cl100k_base").count("pure counting")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # the loader would refuse now
+    monkeypatch.setattr(vocabulary, "_bundled", lambda name: None)
+    counter = TiktokenCounter(encoding)
+    assert (counter.name, counter.count("pure counting")) == ("cl100k_base", expected)
+    with pytest.raises(VocabularyUnavailable):
+        load_encoding("cl100k_base")
+
+
+def test_an_unknown_tokenizer_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        get_counter("gpt2")  # type: ignore[arg-type]
 
 
 PIECES = [*"ab Z9.,:[]()<>/\n\t -'é中", "  ", "\n\n", "'s", "[S1]", "</documents>"]

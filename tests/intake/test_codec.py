@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.models import RetrievalResult
+from schemas.models import RejectReason, RetrievalResult
+from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
 
 
@@ -164,11 +165,11 @@ def test_error_records_keep_the_original_input_and_origin() -> None:
 
 def test_error_records_keep_only_the_first_kib_cut_between_characters() -> None:
     raw = b"x" + "é".encode() * 2000  # the 1024th byte is the middle of an é
-    record = RejectedInput("json", "m").record("f:1", raw)
+    record = RejectedInput(RejectReason.JSON, "m").record("f:1", raw)
     assert record.raw == "x" + "é" * 511 and len(record.raw.encode()) == 1023
     assert (record.raw_bytes, record.raw_truncated) == (4001, True)
     assert record.raw_sha256 == "sha256:" + hashlib.sha256(raw).hexdigest()
-    assert RejectedInput("json", "m").record("f:1", Excerpt.of(raw)) == record
+    assert RejectedInput(RejectReason.JSON, "m").record("f:1", Excerpt.of(raw)) == record
 
 
 def test_an_excerpt_is_rejected_for_its_length_without_being_read() -> None:
@@ -181,3 +182,19 @@ def test_encoding_is_stable_and_round_trips() -> None:
                          Limits())
     assert event.chunks[0].version == "3"
     assert encode(event) == encode(RetrievalResult.model_validate_json(encode(event)))
+
+
+def test_a_reason_is_one_of_the_rejection_reasons() -> None:
+    """The reason a record and a dead letter carry is a RejectReason, which compares equal to
+    its text; a reason that is not one fails where the rejection is made."""
+    error = RejectedInput("schema", "m")  # type: ignore[arg-type]
+    assert error.reason == "schema"  # as the Kafka side compares it
+    assert error.reason is RejectReason.SCHEMA
+    assert f"RejectedInput.{error.reason}" == "RejectedInput.schema"
+    assert encode(error.record("f:1", b"x")).startswith(b'{"schema_version":1,"origin":"f:1","reason":"schema"')
+    with pytest.raises(ValueError, match="nonsense"):
+        RejectedInput("nonsense", "m")  # type: ignore[arg-type]
+
+
+def test_a_rejection_is_one_of_the_projects_errors() -> None:
+    assert issubclass(RejectedInput, ContextAssemblerError) and issubclass(RejectedInput, ValueError)

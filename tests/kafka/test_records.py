@@ -2,10 +2,14 @@
 
 import hashlib
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
 
 import orjson
+import pytest
+from aiokafka.structs import ConsumerRecord
 
-from schemas.models import RetrievalResult
+from schemas.models import RejectReason, RetrievalResult
 from tests.factories import EXAMPLES
 from worker.engine import assemble
 from worker.engine.policy import Policy
@@ -28,10 +32,11 @@ from worker.kafka.records import (
     fit,
     handle,
     record_size,
+    value_of,
 )
 
-CONTEXT = HandlerContext(PolicyRegistry(Policy()), Limits(), "prompts", "audit", "dlq",
-                         "context-assembler")
+CONTEXT = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(), prompts_topic="prompts",
+                         audit_topic="audit", dlq_topic="dlq", worker="context-assembler")
 GOOD = (EXAMPLES / "events.jsonl").read_bytes().splitlines()[0]
 
 
@@ -166,7 +171,7 @@ def test_when_key_and_headers_leave_no_room_they_are_cut_too() -> None:
     limit = 20_000
     many = tuple((f"h{n}", b"x" * 1000) for n in range(30))
     message = "policy " + "é" * 20_000  # a hostile policy name echoed in the message
-    rejected = RejectedInput("policy", message, "r")
+    rejected = RejectedInput(RejectReason.POLICY, message, "r")
     letter = dead_letter(origin(many), b"{}", rejected, "dlq", "w")
     small = cut(letter, limit)
     assert record_size(small) <= limit
@@ -196,3 +201,87 @@ def test_the_smallest_max_message_bytes_setting_still_fits_a_dead_letter() -> No
 
     assert Settings.model_fields["max_message_bytes"].metadata[0].ge == MIN_MESSAGE_BYTES
     assert Settings().max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES
+
+
+# One way in: Origin.from_record takes faust's records and aiokafka's alike.
+
+def consumed(
+    timestamp: int | None = 1_700_000_000_123,
+    headers: list[tuple[str, bytes | None]] | None = None,
+    value: bytes | None = b"{}",
+) -> ConsumerRecord[bytes, bytes]:
+    """A record as aiokafka's consumer hands it out."""
+    return ConsumerRecord(
+        topic="retrieval.results", partition=2, offset=41, timestamp=timestamp,
+        timestamp_type=0, key=b"q30-staff", value=value, checksum=None,
+        serialized_key_size=9, serialized_value_size=2,
+        headers=headers if headers is not None else [("traceparent", b"00-abc-def-01")],
+    )
+
+
+def as_faust(record: ConsumerRecord[bytes, bytes]) -> Any:
+    """The same record as faust's agent sees it: converted by faust's own consumer code."""
+    from faust.transport.drivers.aiokafka import Consumer
+
+    consumer: Any = SimpleNamespace(app=SimpleNamespace(consumer_generation_id=1))
+    tp: Any = (record.topic, record.partition)
+    return Consumer._to_message(consumer, tp, record)
+
+
+# faust divides milliseconds by 1000.0; int(seconds * 1000) is 1 ms short for these (1970,
+# 2038 and 2039; none from November 2004 to 2038), and faust's own send truncates that way.
+AWKWARD_MS = [262_757_583, 527_468_428, 2_147_504_927_082, 2_198_951_015_108]
+STAMPS = [*AWKWARD_MS, 1_700_000_000_123, 0, 1, -1]
+
+
+def test_an_aiokafka_record_and_its_faust_message_give_one_origin() -> None:
+    record = consumed()
+    expected = Origin("retrieval.results", 2, 41, b"q30-staff",
+                      (("traceparent", b"00-abc-def-01"),), 1_700_000_000_123)
+    assert Origin.from_record(record) == expected
+    assert Origin.from_record(as_faust(record)) == expected
+    assert value_of(record) == value_of(as_faust(record)) == b"{}"
+
+
+def test_faust_seconds_come_back_as_the_milliseconds_they_were() -> None:
+    assert all(int(ms / 1000.0 * 1000) == ms - 1 for ms in AWKWARD_MS)
+    for ms in STAMPS:
+        assert Origin.from_record(as_faust(consumed(timestamp=ms))).timestamp_ms == ms
+
+
+def test_headers_are_normalised_alike_null_values_included() -> None:
+    headers: list[tuple[str, bytes | None]] = [("a", b"1"), ("null", None), ("a", b"2")]
+    for record in (consumed(headers=headers), as_faust(consumed(headers=headers))):
+        assert Origin.from_record(record).headers == (("a", b"1"), ("null", b""), ("a", b"2"))
+    message = as_faust(consumed())
+    message.headers = {"x": b"y", "n": None}  # faust's type allows a mapping
+    assert Origin.from_record(message).headers == (("x", b"y"), ("n", b""))
+    message.headers = None
+    assert Origin.from_record(message).headers == ()
+
+
+def test_a_record_without_timestamp_or_value() -> None:
+    for record in (consumed(timestamp=None, value=None),
+                   as_faust(consumed(timestamp=None, value=None))):
+        assert Origin.from_record(record).timestamp_ms is None
+        assert value_of(record) == b""
+
+
+def test_a_null_header_value_is_dead_lettered_not_a_crash() -> None:
+    record = consumed(headers=[("traceparent", None), ("x", None)])
+    outcome = handle(b"{bad", Origin.from_record(record), CONTEXT)
+    (letter,) = outcome.records
+    assert dict(letter.headers)["x"] == b""
+
+
+def test_the_worker_builds_its_handler_context_from_its_settings_in_one_place() -> None:
+    from worker.kafka.settings import Settings
+
+    settings = Settings(prompts_topic="p", audit_topic="a", dlq_topic="d", group_id="g",
+                        max_chunks=7, max_message_bytes=500_000)
+    context = HandlerContext.for_worker(settings, CONTEXT.registry)
+    assert context == HandlerContext(registry=CONTEXT.registry, limits=Limits(max_chunks=7),
+                                     prompts_topic="p", audit_topic="a", dlq_topic="d",
+                                     worker="g", max_message_bytes=500_000)
+    with pytest.raises(TypeError):
+        HandlerContext(CONTEXT.registry, Limits(), "p", "a", "d", "w")  # type: ignore[call-arg]

@@ -1,4 +1,4 @@
-"""Delivery decisions of the shared pipeline, with a fake send instead of a broker."""
+"""Delivery decisions of the shared runner, with a fake send instead of a broker."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from faust.exceptions import ProducerSendError
 from tests.kafka.test_records import GOOD, origin
 from worker.engine.policy import Policy
 from worker.intake.policies import PolicyRegistry
-from worker.kafka import runner as pipeline_module
+from worker.kafka import runner as runner_module
 from worker.kafka.observability.metrics import Metrics
 from worker.kafka.records import ERR, OutRecord, record_size
-from worker.kafka.runner import EventPipeline, Stopped, persistent, too_large
+from worker.kafka.runner import EventRunner, Stopped, persistent, too_large
 from worker.kafka.settings import Settings
 
 
@@ -47,20 +47,20 @@ def test_too_large_and_persistent_errors_are_told_apart() -> None:
 def exits(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     """Calls of the hard exit, which must never end the test process."""
     calls: list[float] = []
-    monkeypatch.setattr(pipeline_module, "_exit_now", calls.append)
+    monkeypatch.setattr(runner_module, "_exit_now", calls.append)
     yield calls
 
 
-def make(**settings: object) -> EventPipeline:
+def make(**settings: object) -> EventRunner:
     values: dict[str, object] = {"prompts_topic": "prompts", "audit_topic": "audit",
                                  "dlq_topic": "dlq", "retry_backoff_max_seconds": 0.05}
     values.update(settings)
-    return EventPipeline(Settings.model_validate(values), PolicyRegistry(Policy()), Metrics())
+    return EventRunner(Settings.model_validate(values), PolicyRegistry(Policy()), Metrics())
 
 
 async def test_a_refused_output_turns_the_event_into_an_output_too_large_dead_letter() -> None:
-    pipeline = make()
-    outcome = await pipeline.process(GOOD, origin())
+    runner = make()
+    outcome = await runner.process(GOOD, origin())
     sent: list[OutRecord] = []
 
     async def send(record: OutRecord) -> None:
@@ -68,20 +68,20 @@ async def test_a_refused_output_turns_the_event_into_an_output_too_large_dead_le
             raise wrapped(MessageSizeTooLargeError())  # the topic allows less than we do
         sent.append(record)
 
-    await pipeline.deliver(GOOD, origin(), outcome, send)
+    await runner.deliver(GOOD, origin(), outcome, send)
     audit, letter = sorted(sent, key=lambda r: r.topic)  # the audit went out first: documented
     assert audit.topic == "audit" and (letter.topic, letter.value) == ("dlq", GOOD)
     assert dict(letter.headers)[f"{ERR}exception.class.name"] == b"RejectedInput.output_too_large"
     # The next event with so large a prompt is dead-lettered before anything is sent.
-    again = await pipeline.process(GOOD, origin())
+    again = await runner.process(GOOD, origin())
     assert again.rejected is not None and again.rejected.reason == "output_too_large"
-    pipeline.close()
+    runner.close()
 
 
 async def test_a_refused_dead_letter_is_cut_until_the_topic_takes_it() -> None:
-    pipeline = make()
+    runner = make()
     raw = b'{"request_id": "big", "padding": "' + b"x" * 200_000 + b'"}'
-    outcome = await pipeline.process(raw, origin())
+    outcome = await runner.process(raw, origin())
     sizes: list[int] = []
 
     async def send(record: OutRecord) -> None:
@@ -89,17 +89,17 @@ async def test_a_refused_dead_letter_is_cut_until_the_topic_takes_it() -> None:
         if sizes[-1] > 40_000:
             raise MessageSizeTooLargeError()
 
-    await pipeline.deliver(raw, origin(), outcome, send)
+    await runner.deliver(raw, origin(), outcome, send)
     assert sizes[0] > 200_000 and sizes[-1] <= 40_000 and len(sizes) <= 5
-    assert pipeline.blocked is None
-    pipeline.close()
+    assert runner.blocked is None
+    runner.close()
 
 
 async def test_a_persistent_failure_blocks_readiness_and_stop_ends_the_retries(
     exits: list[float],
 ) -> None:
-    pipeline = make(shutdown_grace_seconds=0.4)
-    outcome = await pipeline.process(b"{bad", origin())
+    runner = make(shutdown_grace_seconds=0.4)
+    outcome = await runner.process(b"{bad", origin())
     attempts = 0
 
     async def send(record: OutRecord) -> None:
@@ -107,34 +107,34 @@ async def test_a_persistent_failure_blocks_readiness_and_stop_ends_the_retries(
         attempts += 1
         raise TopicAuthorizationFailedError()
 
-    task = pipeline.spawn(pipeline.deliver(b"{bad", origin(), outcome, send))
+    task = runner.spawn(runner.deliver(b"{bad", origin(), outcome, send))
     while attempts < 3:
         await asyncio.sleep(0.01)
-    assert pipeline.blocked is not None and "TopicAuthorizationFailed" in pipeline.blocked
+    assert runner.blocked is not None and "TopicAuthorizationFailed" in runner.blocked
     assert not task.done()
-    pipeline.stop()
+    runner.stop()
     with pytest.raises(Stopped):
         await asyncio.wait_for(task, 0.1)  # backoff sleeps end at once
-    assert pipeline.blocked is None
+    assert runner.blocked is None
     await asyncio.sleep(0.5)
     assert exits == [0.4]  # the hard exit is armed for the end of the grace period
-    pipeline.close()
+    runner.close()
 
 
 async def test_stop_cancels_a_delivery_still_hanging_after_half_the_grace_period(
     exits: list[float],
 ) -> None:
-    pipeline = make(shutdown_grace_seconds=0.4)
-    outcome = await pipeline.process(GOOD, origin())
+    runner = make(shutdown_grace_seconds=0.4)
+    outcome = await runner.process(GOOD, origin())
 
     async def hang(record: OutRecord) -> None:
         await asyncio.sleep(3600)  # waiting for metadata of a topic that does not exist
 
-    task = pipeline.spawn(pipeline.deliver(GOOD, origin(), outcome, hang))
+    task = runner.spawn(runner.deliver(GOOD, origin(), outcome, hang))
     await asyncio.sleep(0.05)
-    pipeline.stop()
+    runner.stop()
     started = asyncio.get_running_loop().time()
-    await pipeline.drained()
+    await runner.drained()
     assert task.cancelled()
     assert 0.15 <= asyncio.get_running_loop().time() - started < 0.35
-    pipeline.close()
+    runner.close()

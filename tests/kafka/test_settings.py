@@ -1,6 +1,8 @@
 import pytest
 
 from tests.deploy.test_manifests import KNOWN_SETTINGS
+from worker.engine.errors import ContextAssemblerError
+from worker.intake.codec import Limits
 from worker.kafka.settings import Settings, SettingsError, load_settings
 
 
@@ -33,3 +35,24 @@ def test_topics_must_differ(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_setting_the_manifests_use_exists() -> None:
     fields = {f"ASSEMBLER_{name.upper()}" for name in Settings.model_fields}
     assert set(KNOWN_SETTINGS) <= fields
+
+
+def test_the_event_limits_are_declared_once_in_limits_and_read_from_flat_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, limit in Limits.model_fields.items():
+        field = Settings.model_fields[name]  # ASSEMBLER_MAX_EVENT_BYTES etc.
+        assert (field.default, field.metadata) == (limit.default, limit.metadata)
+    assert Settings().limits == Limits()
+    monkeypatch.setenv("ASSEMBLER_MAX_EVENT_BYTES", "1000")
+    monkeypatch.setenv("ASSEMBLER_MAX_QUESTION_CHARS", "0")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "invalid settings: ASSEMBLER_MAX_QUESTION_CHARS: Input should be greater than or equal to 1")
+    monkeypatch.setenv("ASSEMBLER_MAX_QUESTION_CHARS", "80")
+    assert load_settings().limits == Limits(max_event_bytes=1000, max_question_chars=80)
+
+
+def test_settings_errors_are_the_projects_errors() -> None:
+    assert issubclass(SettingsError, ContextAssemblerError)

@@ -160,6 +160,24 @@ async def produce(broker: Broker, topic: str,
         await producer.stop()
 
 
+async def partitions_of(broker: Broker, topic: str, timeout: float = 60) -> list[int]:
+    """The partitions of `topic`, once the broker's metadata has them. Every topic is asked
+    for: asking for one by name could have the broker create it."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            for entry in await admin.describe_topics():
+                if entry["topic"] == topic and entry["error_code"] == 0 and entry["partitions"]:
+                    return sorted(part["partition"] for part in entry["partitions"])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no metadata for topic {topic!r}")
+            await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
+
+
 async def read_topic(broker: Broker, topic: str, *, until: int, timeout: float = 120,
                      committed_only: bool = False, settle: float = 0.0) -> list[ConsumerRecord]:
     """Every record from the beginning, until `until` records arrived (then `settle` s more)."""
@@ -168,14 +186,11 @@ async def read_topic(broker: Broker, topic: str, *, until: int, timeout: float =
         isolation_level="read_committed" if committed_only else "read_uncommitted",
         enable_auto_commit=False,
     )
+    partitions = await partitions_of(broker, topic)
     await consumer.start()
     records: list[ConsumerRecord] = []
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        while not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        assigned = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(assigned)
         await consumer.seek_to_beginning(*assigned)
         loop = asyncio.get_running_loop()
@@ -208,13 +223,10 @@ async def committed_offsets(broker: Broker, group: str, topic: str) -> dict[int,
 
 async def end_offsets(broker: Broker, topic: str) -> dict[int, int]:
     """The offset after the last record of each partition of `topic`."""
+    partitions = [TopicPartition(topic, p) for p in await partitions_of(broker, topic)]
     consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
     await consumer.start()
     try:
-        while not consumer.partitions_for_topic(topic):
-            await consumer._client.force_metadata_update()
-        partitions = [TopicPartition(topic, p)
-                      for p in sorted(consumer.partitions_for_topic(topic) or ())]
         ends = await consumer.end_offsets(partitions)
     finally:
         await consumer.stop()

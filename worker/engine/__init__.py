@@ -1,9 +1,25 @@
 """The assembly engine: pure and synchronous, one small module per stage.
 
-Start at `pipeline.assemble`; each stage module says why it does what it does.
+Start at `assemble.assemble`; each stage module says why it does what it does. Nothing here
+imports from outside the engine but `schemas`; `errors` holds the project's error family.
 """
 
-from worker.engine.assemble import Assembly, PromptTooLarge, assemble
-from worker.engine.policy import Policy, PolicyError, policy_from_mapping
+from worker.engine.assemble import Assembly, assemble
+from worker.engine.errors import (
+    ContextAssemblerError,
+    PolicyError,
+    PromptTooLarge,
+    VocabularyUnavailable,
+)
+from worker.engine.policy import Policy, policy_from_mapping
 
-__all__ = ["Assembly", "Policy", "PolicyError", "PromptTooLarge", "assemble", "policy_from_mapping"]
+__all__ = [
+    "Assembly",
+    "ContextAssemblerError",
+    "Policy",
+    "PolicyError",
+    "PromptTooLarge",
+    "VocabularyUnavailable",
+    "assemble",
+    "policy_from_mapping",
+]

@@ -1,9 +1,10 @@
 """The engine: one pure, synchronous function from a request and a policy to two records.
 
-guard -> drop repeated ids -> plan the budget -> pack (copies, max_chunks, budget,
-compression) -> order -> label and render -> enforce the prompt limit. Every input chunk
-ends up exactly once in `kept` or `dropped`; nothing here reads a clock, the environment
-or a random source, so the same event and policy give the same bytes.
+`assemble` reads as its steps: candidates -> guard -> drop repeated ids -> plan the budget ->
+pack (copies, min_score, max_chunks, budget, compression) -> fit the window -> order, label
+and render -> the records. Every input chunk ends up exactly once in `kept` or `dropped`;
+nothing here reads a clock, the environment or a random source, so the same event and policy
+give the same bytes.
 """
 
 from __future__ import annotations
@@ -29,18 +30,15 @@ from worker.engine import render
 from worker.engine.candidate import Candidate
 from worker.engine.compress import extract_relevant
 from worker.engine.dedup import CopyDetector, drop_repeated_ids
+from worker.engine.errors import PromptTooLarge
 from worker.engine.guard import guard
 from worker.engine.order import arrange
 from worker.engine.pack import Packed, pack
-from worker.engine.policy import Policy
+from worker.engine.policy import Policy, RenderPolicy
 from worker.engine.tokens import EXACT_TOKENIZERS, TokenCounter, get_counter
 from worker.engine.version import __version__
 
 ENGINE = EngineInfo(version=__version__)
-
-
-class PromptTooLarge(ValueError):
-    """Even without passages the prompt exceeds window - max_output: nothing can fix that."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,112 +47,202 @@ class Assembly:
     audit: AssemblyAudit
 
 
-def _prompt_tokens(
-    history: Sequence[Message], user_parts: list[str], policy: Policy, counter: TokenCounter
-) -> int:
-    """The exact count of `render.messages`: system prompt, history and the user message,
-    counted from its parts (mostly cached), each with the chat overhead."""
-    overhead = policy.budget.message_overhead
-    earlier = [policy.render.system_prompt, *(turn.content for turn in history)]
-    earlier_tokens = sum(counter.count(text) + overhead for text in earlier)
-    return earlier_tokens + counter.count_parts(user_parts) + overhead
-
-
-def _source(item: Packed) -> str:
-    chunk = item.candidate.chunk
-    return chunk.source or chunk.document
-
-
 def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
+    """The prompt and its audit for `event` under `policy`; raises PromptTooLarge when the
+    instructions and the question alone overflow the window."""
     counter = get_counter(policy.tokenizer.encoding)
-    style, scheme = policy.render.header, policy.render.labels
-
-    candidates = [Candidate(rank, chunk) for rank, chunk in enumerate(event.chunks, start=1)]
+    candidates = _candidates(event)
     passed, dropped = guard(
         candidates, audience=event.audience, as_of=event.as_of, policy=policy.guard
     )
     passed, repeated = drop_repeated_ids(passed)
-    dropped += repeated
-
     bare = render.user_parts(event.question, (), policy.render)  # no passages, no history
-    plan = budgets.plan(
+    plan = _plan_budget(event, policy, counter, bare)
+    costs = _PassageCosts(policy.render, counter, passages=len(passed))
+    kept, unpacked = _pack(event, policy, passed, plan.passages, counter, costs)
+    exact = _exact_counter(policy, plan, counter)
+    fitted = _fit_window(kept, plan, bare, policy, exact, costs)
+    shown, overflowed = _render_within_limits(event, policy, plan, fitted, counter, exact)
+    return _records(
+        event, policy, counter, plan, shown, fitted,
+        [*dropped, *repeated, *unpacked, *fitted.shed, *overflowed],
+    )
+
+
+def _candidates(event: RetrievalResult) -> list[Candidate]:
+    """Every chunk with its 1-based rank: the reranker's verdict travels with the chunk."""
+    return [Candidate(rank, chunk) for rank, chunk in enumerate(event.chunks, start=1)]
+
+
+def _plan_budget(
+    event: RetrievalResult, policy: Policy, counter: TokenCounter, bare: list[str]
+) -> budgets.BudgetPlan:
+    """What passages may cost and which history turns fit, from the prompt without them."""
+    return budgets.plan(
         policy.budget, counter, _prompt_tokens((), bare, policy, counter),
         render.neutralise_history(event.history),
     )
 
-    # Numbered labels are issued after ordering; cost each passage with the widest one.
-    widest = render.label_for(scheme, max(1, len(passed)), "")
-    costs: dict[tuple[int, str], int] = {}
 
-    def cost(candidate: Candidate, text: str) -> int:
+class _PassageCosts:
+    """A passage costs the tokens of its rendered form; numbered labels are issued only after
+    ordering, so it is rendered with the widest label it may get."""
+
+    def __init__(self, policy: RenderPolicy, counter: TokenCounter, *, passages: int) -> None:
+        self._policy = policy
+        self._counter = counter
+        self._widest = render.label_for(policy.labels, max(1, passages), "")
+        self._tokens: dict[tuple[int, str], int] = {}
+
+    def rendered(self, candidate: Candidate, text: str) -> str:
+        """`text` as the passage of `candidate`, header and (widest) label included."""
+        chunk = candidate.chunk
+        label = chunk.chunk_id if self._policy.labels == "chunk_id" else self._widest
+        return render.passage(chunk, text, label, self._policy.header)
+
+    def tokens(self, candidate: Candidate, text: str) -> int:
         """Packing may ask twice (density, the over-budget detail): render and count once."""
         key = (candidate.rank, text)
-        if key not in costs:
-            label = candidate.chunk.chunk_id if scheme == "chunk_id" else widest
-            costs[key] = counter.count(render.passage(candidate.chunk, text, label, style))
-        return costs[key]
+        if key not in self._tokens:
+            self._tokens[key] = self._counter.count(self.rendered(candidate, text))
+        return self._tokens[key]
+
+
+def _pack(
+    event: RetrievalResult,
+    policy: Policy,
+    passed: list[Candidate],
+    budget: int,
+    counter: TokenCounter,
+    costs: _PassageCosts,
+) -> tuple[list[Packed], list[DroppedChunk]]:
+    """Choose the passages the budget admits, in packing order: copies of kept passages,
+    min_score and max_chunks go first, and compression may make a passage fit."""
 
     def shrink(candidate: Candidate) -> str | None:
         return extract_relevant(
             candidate.chunk.text, event.question, policy.compress.max_sentences
         )
 
-    separator_tokens = counter.count(policy.render.separator)
-    kept, pack_dropped = pack(
+    return pack(
         passed,
-        budget=plan.passages,
-        separator_tokens=separator_tokens,
+        budget=budget,
+        separator_tokens=counter.count(policy.render.separator),
         policy=policy.select,
         compress=policy.compress,
         detector=CopyDetector(policy.dedup),
-        cost=cost,
+        cost=costs.tokens,
         shrink=shrink,
         drop_title_line=policy.dedup.drop_title_line,
     )
-    dropped += pack_dropped
 
-    exact = counter
+
+def _exact_counter(
+    policy: Policy, plan: budgets.BudgetPlan, counter: TokenCounter
+) -> TokenCounter:
+    """The tokenizer that decides what fits a window: an estimate never does."""
     if plan.prompt_limit is not None and counter.name not in EXACT_TOKENIZERS:
-        exact = get_counter(policy.tokenizer.exact_encoding)  # an estimate never decides a fit
-    history = plan.history
-    if plan.prompt_limit is not None:
-        history, early = _fit_history(history, bare, plan.prompt_limit, policy, exact)
-        history_dropped = plan.history_dropped + early
-        kept, shed = _shed_to_fit(
-            kept, plan.prompt_limit - _prompt_tokens(history, bare, policy, exact),
-            exact, cost_of=lambda item: render.passage(
-                item.candidate.chunk, item.text,
-                item.candidate.chunk.chunk_id if scheme == "chunk_id" else widest, style),
-            separator=policy.render.separator,
-        )
-        dropped += shed
-    else:
-        history_dropped = plan.history_dropped
+        return get_counter(policy.tokenizer.exact_encoding)
+    return counter
 
+
+@dataclass(frozen=True, slots=True)
+class _Fitted:
+    """The passages and history turns left once the whole prompt fits the window."""
+
+    kept: list[Packed]
+    history: tuple[Message, ...]
+    history_dropped: int
+    shed: list[DroppedChunk]
+
+
+def _fit_window(
+    kept: list[Packed],
+    plan: budgets.BudgetPlan,
+    bare: list[str],
+    policy: Policy,
+    exact: TokenCounter,
+    costs: _PassageCosts,
+) -> _Fitted:
+    """With a window, the whole prompt must fit by an exact count: the oldest history turns
+    go first, then the passages chosen last."""
+    if plan.prompt_limit is None:
+        return _Fitted(kept, plan.history, plan.history_dropped, [])
+    history, early = _fit_history(plan.history, bare, plan.prompt_limit, policy, exact)
+    fits, shed = _shed_to_fit(
+        kept, plan.prompt_limit - _prompt_tokens(history, bare, policy, exact), exact,
+        cost_of=lambda item: costs.rendered(item.candidate, item.text),
+        separator=policy.render.separator,
+    )
+    return _Fitted(fits, history, plan.history_dropped + early, shed)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    """The kept passages in context order, with their labels and text as the model reads."""
+
+    ordered: list[Packed]
+    labels: list[str]
+    passages: list[str]
+    user_parts: list[str]
+
+
+def _render(event: RetrievalResult, policy: Policy, kept: list[Packed]) -> _Rendered:
+    """Order the passages where the model reads best, then label them in that order, so
+    no numbered label points at a gap."""
+    ordered = arrange(sorted(kept, key=lambda p: p.candidate.rank), policy.order.mode, _source)
+    labels = [
+        render.label_for(policy.render.labels, n, item.candidate.chunk.chunk_id)
+        for n, item in enumerate(ordered, start=1)
+    ]
+    passages = [
+        render.passage(item.candidate.chunk, item.text, label, policy.render.header)
+        for item, label in zip(ordered, labels, strict=True)
+    ]
+    return _Rendered(
+        ordered, labels, passages, render.user_parts(event.question, passages, policy.render)
+    )
+
+
+def _render_within_limits(
+    event: RetrievalResult,
+    policy: Policy,
+    plan: budgets.BudgetPlan,
+    fitted: _Fitted,
+    counter: TokenCounter,
+    exact: TokenCounter,
+) -> tuple[_Rendered, list[DroppedChunk]]:
+    """Render, and recount what was rendered: summed passage counts almost always bound the
+    joined text; if not, the passage chosen last goes until the context and prompt fit."""
+    kept = list(fitted.kept)
+    shed: list[DroppedChunk] = []
     while True:
-        ordered = arrange(sorted(kept, key=lambda p: p.candidate.rank), policy.order.mode, _source)
-        labels = [
-            render.label_for(scheme, n, item.candidate.chunk.chunk_id)
-            for n, item in enumerate(ordered, start=1)
-        ]
-        passages = [
-            render.passage(item.candidate.chunk, item.text, label, style)
-            for item, label in zip(ordered, labels, strict=True)
-        ]
-        user_parts = render.user_parts(event.question, passages, policy.render)
-        overflow = _overflow(passages, plan, history, user_parts, policy, counter, exact)
+        shown = _render(event, policy, kept)
+        overflow = _overflow(
+            shown.passages, plan, fitted.history, shown.user_parts, policy, counter, exact
+        )
         if overflow is None:
-            break
+            return shown, shed
         if not kept:
             raise PromptTooLarge(f"instructions and question alone do not fit: {overflow}")
-        # Summed passage counts almost always bound the joined text; if not, shed the
-        # passage chosen last until the context and the whole prompt fit.
         last = kept.pop()
-        dropped.append(last.candidate.drop(DropReason.OVER_BUDGET, overflow))
-    prompt_tokens = _prompt_tokens(history, user_parts, policy, counter)
+        shed.append(last.candidate.drop(DropReason.OVER_BUDGET, overflow))
 
-    messages = render.messages(history, user_parts, policy.render)
-    passage_tokens = [counter.count(text) for text in passages]
+
+def _records(
+    event: RetrievalResult,
+    policy: Policy,
+    counter: TokenCounter,
+    plan: budgets.BudgetPlan,
+    shown: _Rendered,
+    fitted: _Fitted,
+    dropped: list[DroppedChunk],
+) -> Assembly:
+    """The prompt for the generation service and the audit of every decision, both from
+    the one rendering the model reads."""
+    prompt_tokens = _prompt_tokens(fitted.history, shown.user_parts, policy, counter)
+    messages = render.messages(fitted.history, shown.user_parts, policy.render)
+    passage_tokens = [counter.count(text) for text in shown.passages]
     policy_ref = PolicyRef(name=policy.name, hash=policy.hash)
     tokens = TokenUsage(
         context=sum(passage_tokens),
@@ -162,11 +250,11 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
         budget=plan.passages,
         tokenizer=counter.name,
     )
-    abstained = not ordered
+    abstained = not shown.ordered
     prompt = AssembledPrompt(
         request_id=event.request_id,
         messages=messages,
-        context=policy.render.separator.join(passages),
+        context=policy.render.separator.join(shown.passages),
         citations=[
             Citation(
                 label=label,
@@ -177,7 +265,7 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
                 section=item.candidate.chunk.section,
                 version=item.candidate.chunk.version,
             )
-            for item, label in zip(ordered, labels, strict=True)
+            for item, label in zip(shown.ordered, shown.labels, strict=True)
         ],
         tokens=tokens,
         abstained=abstained,
@@ -197,14 +285,30 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
                 tokens=count,
                 compressed=item.compressed,
             )
-            for item, label, count in zip(ordered, labels, passage_tokens, strict=True)
+            for item, label, count in zip(shown.ordered, shown.labels, passage_tokens, strict=True)
         ],
         dropped=sorted(dropped, key=_by_rank),
         tokens=tokens,
         abstained=abstained,
-        history_turns_dropped=history_dropped,
+        history_turns_dropped=fitted.history_dropped,
     )
     return Assembly(prompt, audit)
+
+
+def _prompt_tokens(
+    history: Sequence[Message], user_parts: list[str], policy: Policy, counter: TokenCounter
+) -> int:
+    """The exact count of `render.messages`: system prompt, history and the user message,
+    counted from its parts (mostly cached), each with the chat overhead."""
+    overhead = policy.budget.message_overhead
+    earlier = [policy.render.system_prompt, *(turn.content for turn in history)]
+    earlier_tokens = sum(counter.count(text) + overhead for text in earlier)
+    return earlier_tokens + counter.count_parts(user_parts) + overhead
+
+
+def _source(item: Packed) -> str:
+    chunk = item.candidate.chunk
+    return chunk.source or chunk.document
 
 
 def _fit_history(

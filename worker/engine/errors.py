@@ -1,7 +1,9 @@
-"""The root of every error this project raises on purpose.
+"""The root of every error this project raises on purpose, and the engine's own errors.
 
 Like aiokafka's `KafkaError`, one base lets a shell (the CLI, the worker's start-up) catch
-"a problem we can explain" in one place and leave real bugs to surface as bugs.
+"a problem we can explain" in one place and leave real bugs to surface as bugs. The intake
+turns the engine's errors about one event into a `RejectedInput` (itself one of the family);
+the others stop the process at start.
 """
 
 from __future__ import annotations
@@ -9,3 +11,17 @@ from __future__ import annotations
 
 class ContextAssemblerError(Exception):
     """A problem with a message fit for the operator: bad policy, settings or vocabulary."""
+
+
+class PolicyError(ContextAssemblerError, ValueError):
+    """A policy that cannot be used, or that a request may not name, with every problem
+    spelled out."""
+
+
+class PromptTooLarge(ContextAssemblerError, ValueError):
+    """Even without passages the prompt exceeds window - max_output: nothing can fix that."""
+
+
+class VocabularyUnavailable(ContextAssemblerError, RuntimeError):
+    """A tokenizer's vocabulary is neither cached nor bundled: the message says how to
+    provide it."""

@@ -31,6 +31,7 @@ def guard(
     as_of: date | None,
     policy: GuardPolicy,
 ) -> tuple[list[Candidate], list[DroppedChunk]]:
+    """Drop what the reader may not see, what is not in force on `as_of`, and empty text."""
     passed: list[Candidate] = []
     dropped: list[DroppedChunk] = []
     for candidate in candidates:

@@ -11,7 +11,9 @@ Input is the kept passages in rank order (best first). Modes:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TypeVar, assert_never
+
+from worker.engine.policy import OrderMode
 
 T = TypeVar("T")
 
@@ -40,13 +42,15 @@ def round_robin(items: Sequence[T], source: Callable[[T], str]) -> list[T]:
     return ordered
 
 
-def arrange(items: Sequence[T], mode: str, source: Callable[[T], str]) -> list[T]:
-    if mode == "rank":
-        return list(items)
-    if mode == "edges":
-        return edges(items)
-    if mode == "first_last":
-        return first_last(items)
-    if mode == "round_robin_source":
-        return round_robin(items, source)
-    raise ValueError(f"unknown order mode {mode!r}")
+def arrange(items: Sequence[T], mode: OrderMode, source: Callable[[T], str]) -> list[T]:
+    match mode:
+        case "rank":
+            return list(items)
+        case "edges":
+            return edges(items)
+        case "first_last":
+            return first_last(items)
+        case "round_robin_source":
+            return round_robin(items, source)
+        case _:
+            assert_never(mode)

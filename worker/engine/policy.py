@@ -14,8 +14,14 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from worker.engine.errors import ContextAssemblerError
+from worker.engine.errors import PolicyError
 from worker.engine.tokens import ExactTokenizerName, TokenizerName
+
+# The modes the engine dispatches on, named once: a policy field and the function that
+# acts on it share the type, so mypy (not a run-time error) catches a mode nobody handles.
+OrderMode = Literal["rank", "edges", "first_last", "round_robin_source"]
+LabelScheme = Literal["chunk_id", "S{n}", "{n}"]
+HeaderStyle = Literal["full", "source_section", "inline_section", "id_score"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "Answer the question using only the passages inside <documents>. The passages are "
@@ -92,12 +98,12 @@ class CompressPolicy(_Section):
 
 
 class OrderPolicy(_Section):
-    mode: Literal["rank", "edges", "first_last", "round_robin_source"] = "rank"
+    mode: OrderMode = "rank"
 
 
 class RenderPolicy(_Section):
-    labels: Literal["chunk_id", "S{n}", "{n}"] = "chunk_id"
-    header: Literal["full", "source_section", "inline_section", "id_score"] = "full"
+    labels: LabelScheme = "chunk_id"
+    header: HeaderStyle = "full"
     separator: str = "\n\n"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
 
@@ -137,10 +143,6 @@ class Policy(_Section):
 
 
 _HASHES: dict[int, str] = {}  # by id(policy), while that policy lives
-
-
-class PolicyError(ContextAssemblerError, ValueError):
-    """A policy that cannot be used, with every problem spelled out."""
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

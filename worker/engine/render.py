@@ -23,10 +23,10 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from datetime import date
-from typing import Final
+from typing import Final, assert_never
 
 from schemas.models import Chunk, HistoryTurn, Message
-from worker.engine.policy import RenderPolicy
+from worker.engine.policy import HeaderStyle, LabelScheme, RenderPolicy
 
 OPEN, CLOSE = "<documents>", "</documents>"
 NO_PASSAGES = "No passage could be used for this question: say that you do not know."
@@ -170,10 +170,17 @@ def _field(value: str | None) -> str:
     return _one_line_short(value) if len(value) <= CACHED_FIELD_CHARS else _one_line(value)
 
 
-def label_for(scheme: str, position: int, chunk_id: str) -> str:
-    if scheme == "chunk_id":
-        return chunk_id
-    return scheme.replace("{n}", str(position))
+def label_for(scheme: LabelScheme, position: int, chunk_id: str) -> str:
+    """The label a passage is cited by: its chunk_id, or its 1-based position in the context."""
+    match scheme:
+        case "chunk_id":
+            return chunk_id
+        case "S{n}":
+            return f"S{position}"
+        case "{n}":
+            return str(position)
+        case _:
+            assert_never(scheme)
 
 
 @functools.lru_cache(maxsize=CACHE_ENTRIES)
@@ -186,26 +193,28 @@ def _validity(effective_from: date | None, effective_to: date | None) -> str:
     return ""
 
 
-def header(chunk: Chunk, label: str, style: str) -> str:
-    if style == "full":  # seed 000: ID, title, type, version, dates, section
-        version = f"version {_field(chunk.version)}" if chunk.version else ""
-        validity = _validity(chunk.effective_from, chunk.effective_to)
-        kind = ", ".join(filter(None, (_field(chunk.doc_type), version, validity)))
-        title = _field(chunk.title) or _field(chunk.document)
-        middle = f" | {kind}" if kind else ""
-        return f"[{label}] {title}{middle} | section: {_field(chunk.section) or '-'}"
-    if style == "source_section":  # seed 003
-        source = _field(chunk.source) or _field(chunk.document)
-        return f"[{label}] Source: {source}, Section: {_field(chunk.section) or '-'}"
-    if style == "inline_section":  # seed 004
-        return f"[{label}] ({_field(chunk.section) or '-'})"
-    if style == "id_score":  # seed 002
-        score = "-" if chunk.score is None else f"{chunk.score:.2f}"
-        return f"[{label}] source={_field(chunk.chunk_id)} score={score}"
-    raise ValueError(f"unknown header style {style!r}")
+def header(chunk: Chunk, label: str, style: HeaderStyle) -> str:
+    match style:
+        case "full":  # seed 000: ID, title, type, version, dates, section
+            version = f"version {_field(chunk.version)}" if chunk.version else ""
+            validity = _validity(chunk.effective_from, chunk.effective_to)
+            kind = ", ".join(filter(None, (_field(chunk.doc_type), version, validity)))
+            title = _field(chunk.title) or _field(chunk.document)
+            middle = f" | {kind}" if kind else ""
+            return f"[{label}] {title}{middle} | section: {_field(chunk.section) or '-'}"
+        case "source_section":  # seed 003
+            source = _field(chunk.source) or _field(chunk.document)
+            return f"[{label}] Source: {source}, Section: {_field(chunk.section) or '-'}"
+        case "inline_section":  # seed 004
+            return f"[{label}] ({_field(chunk.section) or '-'})"
+        case "id_score":  # seed 002
+            score = "-" if chunk.score is None else f"{chunk.score:.2f}"
+            return f"[{label}] source={_field(chunk.chunk_id)} score={score}"
+        case _:
+            assert_never(style)
 
 
-def passage(chunk: Chunk, text: str, label: str, style: str) -> str:
+def passage(chunk: Chunk, text: str, label: str, style: HeaderStyle) -> str:
     """A passage exactly as the model reads it; its token count is its cost."""
     joiner = " " if style == "inline_section" else "\n"
     return f"{header(chunk, label, style)}{joiner}{neutralise(text)}"

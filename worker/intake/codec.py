@@ -16,7 +16,8 @@ from typing import Any, Final
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from schemas.models import ErrorRecord, RetrievalResult
+from schemas.models import ErrorRecord, RejectReason, RetrievalResult
+from worker.engine.errors import ContextAssemblerError
 
 RAW_KEPT_BYTES: Final = 1024  # of an input, in its error record
 
@@ -59,16 +60,13 @@ def _utf8_prefix(data: bytes, limit: int) -> bytes:
     return data[: limit - back]
 
 
-class RejectedInput(ValueError):
-    """An input that cannot be assembled.
+class RejectedInput(ContextAssemblerError, ValueError):
+    """An input that cannot be assembled, and why (`RejectReason`): it becomes an error
+    record or a dead letter, and the next input is processed."""
 
-    `reason`: json, schema, limits, policy, budget (the question alone overflows the window)
-    or engine (a bug: the event is kept for replay).
-    """
-
-    def __init__(self, reason: str, message: str, request_id: str | None = None) -> None:
+    def __init__(self, reason: RejectReason, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.reason = RejectReason(reason)  # a string naming no reason fails here, loudly
         self.message = message
         self.request_id = request_id
 
@@ -160,7 +158,9 @@ def _repeated_key(text: str) -> tuple[str, str] | None:
     try:
         tree = json.loads(text, object_pairs_hook=_Members)
     except RecursionError:
-        raise RejectedInput("json", "nested too deeply to check for repeated keys") from None
+        raise RejectedInput(
+            RejectReason.JSON, "nested too deeply to check for repeated keys"
+        ) from None
     stack: list[tuple[str, Any]] = [("", tree)]
     while stack:
         path, node = stack.pop()
@@ -181,22 +181,27 @@ def _parse(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise RejectedInput("json", f"not valid UTF-8 at byte {error.start}") from None
+        raise RejectedInput(
+            RejectReason.JSON, f"not valid UTF-8 at byte {error.start}"
+        ) from None
     try:
         obj: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
-        raise RejectedInput("json", _json_problem(text, error)) from None
+        raise RejectedInput(RejectReason.JSON, _json_problem(text, error)) from None
     if _may_repeat_keys(raw, obj) and (repeated := _repeated_key(text)):
         key, path = repeated
         # Of two request_ids, neither is the event's.
         request_id = None if (key, path) == ("request_id", "") else _request_id(obj)
-        raise RejectedInput("json", f"duplicate key {key!r} in {path or 'the event'}", request_id)
+        raise RejectedInput(
+            RejectReason.JSON, f"duplicate key {key!r} in {path or 'the event'}", request_id
+        )
     return obj
 
 
 def _over_limit(length: int, limits: Limits) -> RejectedInput:
     return RejectedInput(
-        "limits", f"event is {length} bytes, over max_event_bytes={limits.max_event_bytes}"
+        RejectReason.LIMITS,
+        f"event is {length} bytes, over max_event_bytes={limits.max_event_bytes}",
     )
 
 
@@ -210,15 +215,17 @@ def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
     chunks = obj.get("chunks") if isinstance(obj, dict) else None
     if isinstance(chunks, list) and len(chunks) > limits.max_chunks:
         raise RejectedInput(
-            "limits", f"{len(chunks)} chunks, over max_chunks={limits.max_chunks}", request_id
+            RejectReason.LIMITS,
+            f"{len(chunks)} chunks, over max_chunks={limits.max_chunks}",
+            request_id,
         )
     try:
         event = RetrievalResult.model_validate(obj)
     except ValidationError as error:
-        raise RejectedInput("schema", _schema_problems(error), request_id) from None
+        raise RejectedInput(RejectReason.SCHEMA, _schema_problems(error), request_id) from None
     if len(event.question) > limits.max_question_chars:
         raise RejectedInput(
-            "limits",
+            RejectReason.LIMITS,
             f"question has {len(event.question)} characters, over max_question_chars="
             f"{limits.max_question_chars}",
             request_id,
@@ -226,7 +233,7 @@ def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
     for chunk in event.chunks:
         if len(chunk.text) > limits.max_chunk_chars:
             raise RejectedInput(
-                "limits",
+                RejectReason.LIMITS,
                 f"chunk {chunk.chunk_id!r} has {len(chunk.text)} characters, over "
                 f"max_chunk_chars={limits.max_chunk_chars}",
                 request_id,

@@ -1,7 +1,8 @@
 """Where policies come from: shipped presets, a TOML file, and the names requests may ask for.
 
-A request's `policy` field names a server-side policy; an unknown name is rejected rather
-than silently assembled under other rules.
+A request's `policy` field names a server-side policy; an unknown name is a PolicyError
+(which `intake.handle` turns into a rejected input) rather than silently assembled under
+other rules. Every problem here is a PolicyError, or a VocabularyUnavailable at start.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 
-from worker.engine.policy import Policy, PolicyError, policy_from_mapping
+from worker.engine.errors import PolicyError
+from worker.engine.policy import Policy, policy_from_mapping
 from worker.engine.tokens import get_counter
-from worker.intake.codec import RejectedInput
 
 
 def preset_names() -> list[str]:
@@ -94,15 +95,15 @@ class PolicyRegistry:
     def allowed_names(self) -> list[str]:
         return sorted(self._named)
 
-    def resolve(self, name: str | None, request_id: str | None = None) -> Policy:
+    def resolve(self, name: str | None) -> Policy:
+        """The policy a request names (None: the service policy); PolicyError if the
+        operator did not allow it."""
         if name is None:
             return self.default
         policy = self._named.get(name)
         if policy is None:
-            raise RejectedInput(
-                "policy",
-                f"policy {name!r} is not allowed here; allowed: {', '.join(self.allowed_names)}",
-                request_id,
+            raise PolicyError(
+                f"policy {name!r} is not allowed here; allowed: {', '.join(self.allowed_names)}"
             )
         return policy
 

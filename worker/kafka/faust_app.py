@@ -11,7 +11,7 @@ earlier ones are still being delivered, at most MAX_IN_FLIGHT at a time.
 
 Stopping: faust waits for every event it handed out to be acked before it commits and leaves
 the group (`stream_wait_empty`), which never happens while sends fail: SIGTERM was ignored.
-So `FaustWorker` first ends the deliveries (EventPipeline.stop: no more retries, cancelled
+So `FaustWorker` first ends the deliveries (EventRunner.stop: no more retries, cancelled
 after half the grace period), then tells faust not to wait for the events left unacked,
 which the partitions' next owner redoes.
 """
@@ -29,8 +29,8 @@ from functools import partial
 import faust
 from faust.types import EventT
 
-from worker.kafka.records import Origin, OutRecord
-from worker.kafka.runner import EventPipeline, Stopped
+from worker.kafka.records import Origin, OutRecord, value_of
+from worker.kafka.runner import EventRunner, Stopped
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ MAX_IN_FLIGHT = 200
 REQUEST_TIMEOUT_SECONDS = 40.0
 
 
-def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
+def build_app(settings: Settings, runner: EventRunner) -> faust.App:
     servers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
     app = faust.App(
         settings.group_id,
@@ -66,9 +66,9 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
     async def send(timestamp_ms: int | None, record: OutRecord) -> None:
-        timestamp = None if timestamp_ms is None else timestamp_ms / 1000.0
         await app.producer.send_and_wait(
-            record.topic, record.key, record.value, None, timestamp, list(record.headers)
+            record.topic, record.key, record.value, None, seconds(timestamp_ms),
+            list(record.headers),
         )
 
     @app.agent(source, concurrency=1)
@@ -87,27 +87,29 @@ def build_app(settings: Settings, pipeline: EventPipeline) -> faust.App:
         manual_acks = stream.noack()  # type: ignore[attr-defined]  # on Stream, not StreamT
         async for event in manual_acks.events():
             await room.acquire()
-            if pipeline.stopping.is_set():
+            if runner.stopping.is_set():
                 # Unacked, so never committed: wait here until faust cancels the agent.
                 await asyncio.get_running_loop().create_future()
-            message = event.message
-            origin = Origin(
-                topic=message.topic,
-                partition=message.partition,
-                offset=message.offset,
-                key=message.key,
-                headers=tuple((k, bytes(v)) for k, v in (message.headers or ())),
-                timestamp_ms=int(message.timestamp * 1000) if message.timestamp else None,
-            )
-            raw = message.value or b""
-            outcome = await pipeline.process(raw, origin)
-            task = pipeline.spawn(
-                pipeline.deliver(raw, origin, outcome, partial(send, origin.timestamp_ms))
+            origin = Origin.from_record(event.message)
+            raw = value_of(event.message)
+            outcome = await runner.process(raw, origin)
+            task = runner.spawn(
+                runner.deliver(raw, origin, outcome, partial(send, origin.timestamp_ms))
             )
             in_flight.append((event, task))
             task.add_done_callback(ack_delivered)
 
     return app
+
+
+def seconds(timestamp_ms: int | None) -> float | None:
+    """A timestamp as faust's send takes it: seconds, which it turns back into milliseconds
+    with `int(seconds * 1000.0) if seconds else seconds`. Half a millisecond more (away from
+    zero) survives that truncation, where timestamp_ms / 1000 comes back 1 ms short for
+    some values (in 2038-39, for one), and 0 stays an int (faust passes 0.0 on as a float)."""
+    if timestamp_ms is None:
+        return None
+    return (timestamp_ms + (0.5 if timestamp_ms >= 0 else -0.5)) / 1000
 
 
 def _delivered(task: asyncio.Task[None]) -> bool:
@@ -123,9 +125,9 @@ def _delivered(task: asyncio.Task[None]) -> bool:
 class FaustWorker(faust.Worker):
     """faust's worker, stopping within the grace period even while sends fail."""
 
-    def __init__(self, app: faust.App, pipeline: EventPipeline, loglevel: str) -> None:
+    def __init__(self, app: faust.App, runner: EventRunner, loglevel: str) -> None:
         super().__init__(app, loglevel=loglevel, override_logging=False, quiet=True)
-        self._pipeline = pipeline
+        self._runner = runner
         self._stopping: asyncio.Task[None] | None = None
 
     def install_signal_handlers(self) -> None:
@@ -135,10 +137,10 @@ class FaustWorker(faust.Worker):
 
     def _end_deliveries_then(self, stop: Callable[[], None]) -> None:
         if self._stopping is None:
-            self._pipeline.stop()
+            self._runner.stop()
             self._stopping = asyncio.ensure_future(self._stop_after_deliveries(stop))
 
     async def _stop_after_deliveries(self, stop: Callable[[], None]) -> None:
-        await self._pipeline.drained()
+        await self._runner.drained()
         self.app.conf.stream_wait_empty = False  # what is left unacked stays so
         stop()

@@ -13,15 +13,21 @@ turns its event into an `output_too_large` dead letter, and a dead letter that w
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from schemas.models import RejectReason
 from worker.engine import Assembly
-from worker.filemode import assemble_bytes
 from worker.intake.codec import Limits, RejectedInput, encode
+from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry
+from worker.kafka.settings import Settings
 
 Headers = tuple[tuple[str, bytes], ...]
+# As clients hand them out: aiokafka a sequence of pairs, a null value as None; faust passes
+# aiokafka's on, and its own type allows a mapping.
+RecordHeaders = Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None]
 TRACEPARENT = "traceparent"
 # Where an output came from: the input's coordinates, as headers (never in the value, so
 # the value bytes equal the file mode's).
@@ -50,8 +56,33 @@ MESSAGE_KEPT_BYTES = 1024  # of the exception message, when even the headers mus
 _BATCH_OVERHEAD = 61 + 21
 
 
+class ConsumedRecord(Protocol):
+    """A record as a consumer hands it out: faust's Message and aiokafka's ConsumerRecord.
+
+    `timestamp`: faust's is in seconds, a float (aiokafka's milliseconds / 1000.0);
+    aiokafka's is in milliseconds, an int.
+    """
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> RecordHeaders | None: ...
+    @property
+    def timestamp(self) -> float | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Origin:
+    """Where an input event came from: its coordinates, key, headers and timestamp."""
+
     topic: str
     partition: int
     offset: int
@@ -59,8 +90,40 @@ class Origin:
     headers: Headers
     timestamp_ms: int | None
 
+    @classmethod
+    def from_record(cls, record: ConsumedRecord) -> Origin:
+        """The origin of a consumed record, faust's or aiokafka's alike: headers as
+        (str, bytes) pairs in their order (a null value as b""), the timestamp in ms."""
+        return cls(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
+            headers=_headers(record.headers),
+            timestamp_ms=_milliseconds(record.timestamp),
+        )
+
     def __str__(self) -> str:
         return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def value_of(record: ConsumedRecord) -> bytes:
+    """A consumed record's value; a tombstone's (None) is empty."""
+    return record.value or b""
+
+
+def _headers(headers: RecordHeaders | None) -> Headers:
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    return tuple((name, b"" if value is None else bytes(value)) for name, value in pairs)
+
+
+def _milliseconds(timestamp: float | None) -> int | None:
+    """aiokafka's int milliseconds as they are; faust's float seconds (milliseconds / 1000.0)
+    back to the milliseconds they were made from: `round`, since int() comes back 1 ms short
+    for some (in 2004 and in 2038-39, none in between)."""
+    if timestamp is None or isinstance(timestamp, int):
+        return timestamp
+    return round(timestamp * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +141,7 @@ class Outcome:
     rejected: RejectedInput | None
 
 
-def header(headers: Headers | list[tuple[str, bytes]], name: str) -> bytes | None:
+def header(headers: Iterable[tuple[str, bytes]], name: str) -> bytes | None:
     """The first value of header `name`, or None."""
     return next((value for key, value in headers if key == name), None)
 
@@ -167,7 +230,7 @@ def _utf8_prefix(data: bytes, limit: int) -> bytes:
     return data[:limit].decode("utf-8", "ignore").encode()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HandlerContext:
     """What every event of one worker (or one replay) is handled with."""
 
@@ -178,6 +241,19 @@ class HandlerContext:
     dlq_topic: str
     worker: str  # named in dead letters as __connect.errors.connector.name
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+    @classmethod
+    def for_worker(cls, settings: Settings, registry: PolicyRegistry) -> HandlerContext:
+        """The worker's: its topics, limits and largest record; dead letters name its group."""
+        return cls(
+            registry=registry,
+            limits=settings.limits,
+            prompts_topic=settings.prompts_topic,
+            audit_topic=settings.audit_topic,
+            dlq_topic=settings.dlq_topic,
+            worker=settings.group_id,
+            max_message_bytes=settings.max_message_bytes,
+        )
 
 
 Handler = Callable[[bytes, Origin, HandlerContext], Outcome]
@@ -206,7 +282,7 @@ def fit(
             if size > limit(record.topic):
                 request_id = outcome.assembly.prompt.request_id if outcome.assembly else None
                 rejected = RejectedInput(
-                    "output_too_large",
+                    RejectReason.OUTPUT_TOO_LARGE,
                     f"its record for {record.topic} would be {size} bytes, over the "
                     f"{limit(record.topic)} a message may have",
                     request_id,

@@ -12,7 +12,7 @@ from worker.kafka.observability import logs
 from worker.kafka.observability.http import HealthServer
 from worker.kafka.observability.metrics import Metrics
 from worker.kafka.records import Handler, handle
-from worker.kafka.runner import EventPipeline
+from worker.kafka.runner import EventRunner
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
         log.error("cannot start: %s", error)
         return 2
     metrics = Metrics()
-    pipeline = EventPipeline(settings, registry, metrics, handler)
+    runner = EventRunner(settings, registry, metrics, handler)
     policy = registry.default
     log.info(
         "starting", extra={"policy": policy.name, "policy_hash": policy.hash,
@@ -35,17 +35,17 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
                            "input_topic": settings.input_topic, "group_id": settings.group_id},
     )
     if settings.processing_guarantee == "exactly_once":
-        asyncio.run(_run_transactional(settings, pipeline, metrics))
+        asyncio.run(_run_transactional(settings, runner, metrics))
         return 0
-    _run_faust(settings, pipeline, metrics)
+    _run_faust(settings, runner, metrics)
     return 0
 
 
-async def _run_transactional(settings: Settings, pipeline: EventPipeline, metrics: Metrics) -> None:
+async def _run_transactional(settings: Settings, runner: EventRunner, metrics: Metrics) -> None:
     from worker.kafka.transactional import TransactionalWorker
 
-    worker = TransactionalWorker(settings, pipeline)
-    server = HealthServer(metrics, worker.ready, settings.http_host, settings.http_port)
+    worker = TransactionalWorker(settings, runner)
+    server = HealthServer(metrics.exposition, worker.ready, settings.http_host, settings.http_port)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
@@ -55,13 +55,13 @@ async def _run_transactional(settings: Settings, pipeline: EventPipeline, metric
         await worker.run()
     finally:
         await server.stop()
-        pipeline.close()
+        runner.close()
 
 
-def _run_faust(settings: Settings, pipeline: EventPipeline, metrics: Metrics) -> None:
+def _run_faust(settings: Settings, runner: EventRunner, metrics: Metrics) -> None:
     from worker.kafka.faust_app import FaustWorker, build_app
 
-    app = build_app(settings, pipeline)
+    app = build_app(settings, runner)
 
     def assigned() -> int:
         try:
@@ -70,19 +70,19 @@ def _run_faust(settings: Settings, pipeline: EventPipeline, metrics: Metrics) ->
             return 0
 
     def ready() -> bool:
-        return assigned() > 0 and not pipeline.blocked
+        return assigned() > 0 and not runner.blocked
 
     metrics.assigned.set_function(assigned)
 
-    server = HealthServer(metrics, ready, settings.http_host, settings.http_port)
+    server = HealthServer(metrics.exposition, ready, settings.http_host, settings.http_port)
 
     @app.task  # type: ignore[untyped-decorator]
     async def serve_http() -> None:
         await server.start()
         log.info("http listening", extra={"port": server.port})
 
-    worker = FaustWorker(app, pipeline, settings.log_level)
+    worker = FaustWorker(app, runner, settings.log_level)
     try:
         worker.execute_from_commandline()
     finally:
-        pipeline.close()
+        runner.close()

@@ -81,37 +81,39 @@ def persistent(error: BaseException) -> bool:
 
 class Attempts:
     """The failed attempts of one delivery: each is counted and logged, then waited out with
-    exponential backoff. While the last failure is persistent, the pipeline is blocked."""
+    exponential backoff. While the last failure is persistent, the runner is blocked."""
 
-    def __init__(self, pipeline: EventPipeline, what: str) -> None:
-        self._pipeline = pipeline
+    def __init__(self, runner: EventRunner, what: str) -> None:
+        self._runner = runner
         self._what = what
         self._delay = 0.1
 
     async def failed(self, error: BaseException, what: str | None = None) -> None:
         """Record `error` (of `what`, if more precise than this delivery's name) and back
         off; raises Stopped if the worker stops meanwhile."""
-        pipeline = self._pipeline
+        runner = self._runner
         what = what or self._what
-        pipeline.metrics.retries.inc()
+        runner.metrics.retries.inc()
         if persistent(error):
-            pipeline.stuck[self] = f"{what}: {error!r}"
+            runner.stuck[self] = f"{what}: {error!r}"
             log.error("%s failed, retrying in %.1fs: %r", what, self._delay, error)
         else:
-            pipeline.stuck.pop(self, None)
+            runner.stuck.pop(self, None)
             log.warning("%s failed, retrying in %.1fs: %r", what, self._delay, error)
         try:
-            await asyncio.wait_for(pipeline.stopping.wait(), self._delay)
+            await asyncio.wait_for(runner.stopping.wait(), self._delay)
         except TimeoutError:
-            self._delay = min(self._delay * 2, pipeline.settings.retry_backoff_max_seconds)
+            self._delay = min(self._delay * 2, runner.settings.retry_backoff_max_seconds)
             return
         raise Stopped
 
     def close(self) -> None:
-        self._pipeline.stuck.pop(self, None)
+        self._runner.stuck.pop(self, None)
 
 
-class EventPipeline:
+class EventRunner:
+    """Runs one worker's events: handled in the engine thread, counted, logged, delivered."""
+
     def __init__(
         self,
         settings: Settings,
@@ -123,10 +125,7 @@ class EventPipeline:
         self.metrics = metrics
         self._handler = handler
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._context = HandlerContext(
-            registry, settings.limits, settings.prompts_topic, settings.audit_topic,
-            settings.dlq_topic, settings.group_id, settings.max_message_bytes,
-        )
+        self._context = HandlerContext.for_worker(settings, registry)
         self._limits: dict[str, int] = {}  # learned from the broker's refusals, per topic
         self.stuck: dict[Attempts, str] = {}  # deliveries failing persistently, and why
         self.stopping = asyncio.Event()
@@ -147,7 +146,7 @@ class EventPipeline:
         outcome, seconds = await loop.run_in_executor(self._executor, self._handle, raw, origin)
         if self._limits:
             outcome = fit(outcome, raw, origin, self._context, self._limits)
-        self.metrics.observe(outcome, seconds)
+        self.metrics.observe(outcome.assembly, outcome.rejected, seconds)
         if outcome.rejected is not None:
             log.warning(
                 "rejected input: %s", outcome.rejected.message,

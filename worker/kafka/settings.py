@@ -6,7 +6,8 @@ Invalid settings fail at start with one message naming each bad variable.
 from __future__ import annotations
 
 import socket
-from typing import Annotated, Literal
+from copy import copy
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -17,6 +18,12 @@ from worker.intake.codec import Limits
 
 class SettingsError(ContextAssemblerError, ValueError):
     """Invalid ASSEMBLER_* variables, each named."""
+
+
+def _limit(name: str) -> Any:
+    """Limits' field `name` (its default and constraints, declared there once), to be read
+    from the flat variable ASSEMBLER_<NAME>."""
+    return copy(Limits.model_fields[name])
 
 
 class Settings(BaseSettings):
@@ -42,10 +49,10 @@ class Settings(BaseSettings):
     )
     http_host: str = "0.0.0.0"
     http_port: int = Field(default=8080, ge=0, le=65535)
-    max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
-    max_chunks: int = Field(default=2000, ge=1)
-    max_chunk_chars: int = Field(default=100_000, ge=1)
-    max_question_chars: int = Field(default=20_000, ge=1)
+    max_event_bytes: int = _limit("max_event_bytes")
+    max_chunks: int = _limit("max_chunks")
+    max_chunk_chars: int = _limit("max_chunk_chars")
+    max_question_chars: int = _limit("max_question_chars")
     retry_backoff_max_seconds: float = Field(default=5.0, gt=0)
     max_message_bytes: int = Field(
         default=1_048_576, ge=16_384,
@@ -79,12 +86,7 @@ class Settings(BaseSettings):
 
     @property
     def limits(self) -> Limits:
-        return Limits(
-            max_event_bytes=self.max_event_bytes,
-            max_chunks=self.max_chunks,
-            max_chunk_chars=self.max_chunk_chars,
-            max_question_chars=self.max_question_chars,
-        )
+        return Limits.model_validate({name: getattr(self, name) for name in Limits.model_fields})
 
     @property
     def effective_transactional_id(self) -> str:

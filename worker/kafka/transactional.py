@@ -13,8 +13,8 @@ replica fence its predecessor and abort its open transaction at once.
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
 transaction: a failed one aborts it and the batch is read again from the committed offsets.
-A record refused as too large teaches the pipeline that topic's limit, so the replayed batch
-turns that event into a dead letter instead (`EventPipeline.learn`). aiokafka counts the
+A record refused as too large teaches the runner that topic's limit, so the replayed batch
+turns that event into a dead letter instead (`EventRunner.learn`). aiokafka counts the
 refused records in its idempotence sequence all the same, and the broker then refuses every
 later send to that partition as out of order: a new producer (a new epoch) starts afresh.
 """
@@ -30,8 +30,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
 from aiokafka.structs import OffsetAndMetadata
 
-from worker.kafka.records import Origin, OutRecord
-from worker.kafka.runner import Attempts, EventPipeline, Stopped, too_large
+from worker.kafka.records import Origin, OutRecord, value_of
+from worker.kafka.runner import Attempts, EventRunner, Stopped, too_large
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,20 +58,20 @@ class _Undelivered(Exception):
 
 
 class TransactionalWorker:
-    def __init__(self, settings: Settings, pipeline: EventPipeline) -> None:
+    def __init__(self, settings: Settings, runner: EventRunner) -> None:
         self.settings = settings
-        self.pipeline = pipeline
+        self.runner = runner
         self.assignment = _Assignment()
-        pipeline.metrics.assigned.set_function(lambda: len(self.assignment.partitions))
+        runner.metrics.assigned.set_function(lambda: len(self.assignment.partitions))
         self.healthy = False
         self._attempts: Attempts | None = None  # while transactions keep failing
         self._producer = self._new_producer()
 
     def ready(self) -> bool:
-        return self.healthy and bool(self.assignment.partitions) and not self.pipeline.blocked
+        return self.healthy and bool(self.assignment.partitions) and not self.runner.blocked
 
     def stop(self) -> None:
-        self.pipeline.stop()
+        self.runner.stop()
 
     async def run(self) -> None:
         settings = self.settings
@@ -85,15 +85,15 @@ class TransactionalWorker:
         )
         consumer.subscribe([settings.input_topic], listener=self.assignment)
         try:
-            await self.pipeline.retry_forever("connect consumer", consumer.start)
-            await self.pipeline.retry_forever("connect producer", self._producer.start)
-            while not self.pipeline.stopping.is_set():
+            await self.runner.retry_forever("connect consumer", consumer.start)
+            await self.runner.retry_forever("connect producer", self._producer.start)
+            while not self.runner.stopping.is_set():
                 batch = await consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
                 self.healthy = True
                 if batch:
                     # A task, so that stopping can cancel it: an open transaction is aborted,
                     # and its batch is read again by the partitions' next owner.
-                    task = self.pipeline.spawn(self._transact(consumer, batch))
+                    task = self.runner.spawn(self._transact(consumer, batch))
                     await asyncio.wait({task})
                     if not task.cancelled():
                         task.result()
@@ -125,15 +125,8 @@ class TransactionalWorker:
                 sent: list[tuple[OutRecord, asyncio.Future[Any]]] = []
                 for partition, messages in batch.items():
                     for message in messages:
-                        origin = Origin(
-                            topic=message.topic,
-                            partition=message.partition,
-                            offset=message.offset,
-                            key=message.key,
-                            headers=tuple((k, bytes(v)) for k, v in message.headers),
-                            timestamp_ms=message.timestamp,
-                        )
-                        outcome = await self.pipeline.process(message.value or b"", origin)
+                        origin = Origin.from_record(message)
+                        outcome = await self.runner.process(value_of(message), origin)
                         for record in outcome.records:
                             sent.append((record, await self._send(producer, record, origin)))
                     offsets[partition] = OffsetAndMetadata(messages[-1].offset + 1, "")
@@ -177,7 +170,7 @@ class TransactionalWorker:
         """Learn from records refused as too large and replay at once, or back off."""
         failures = error.failures if isinstance(error, _Undelivered) else [(None, error)]
         refused = [record for record, cause in failures if record and too_large(cause)]
-        learned = [self.pipeline.learn(record) for record in refused]  # each, no short cut
+        learned = [self.runner.learn(record) for record in refused]  # each, no short cut
         broken = [c for _, c in failures if isinstance(c, OutOfOrderSequenceNumber)]
         if refused or broken:
             await self._renew_producer()
@@ -188,7 +181,7 @@ class TransactionalWorker:
             return
         record, cause = (others or failures)[0]
         if self._attempts is None:
-            self._attempts = Attempts(self.pipeline, "transaction")
+            self._attempts = Attempts(self.runner, "transaction")
         await self._attempts.failed(
             cause, f"transaction (produce to {record.topic})" if record else None)
 
@@ -196,7 +189,7 @@ class TransactionalWorker:
         """A new epoch for the transactional id: idempotence sequences start afresh."""
         await self._producer.stop()
         self._producer = self._new_producer()
-        await self.pipeline.retry_forever("connect producer", self._producer.start)
+        await self.runner.retry_forever("connect producer", self._producer.start)
 
     async def _rewind(self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> None:
         for partition in partitions:
@@ -217,7 +210,7 @@ class TransactionalWorker:
             nonlocal result
             result = await consumer.committed(partition)
 
-        await self.pipeline.retry_forever(f"read committed offset of {partition}", ask)
+        await self.runner.retry_forever(f"read committed offset of {partition}", ask)
         return result
 
 

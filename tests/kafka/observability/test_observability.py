@@ -10,12 +10,14 @@ from worker.intake.policies import PolicyRegistry
 from worker.kafka.observability.http import HealthServer
 from worker.kafka.observability.logs import JsonFormatter
 from worker.kafka.observability.metrics import Metrics
-from worker.kafka.records import HandlerContext, Origin, Outcome, handle
+from worker.kafka.records import HandlerContext, Origin, handle
 
 
-def outcome(raw: bytes) -> Outcome:
-    context = HandlerContext(PolicyRegistry(Policy()), Limits(), "p", "a", "d", "w")
-    return handle(raw, Origin("in", 0, 0, None, (), None), context)
+def observe(metrics: Metrics, raw: bytes, seconds: float) -> None:
+    context = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(), prompts_topic="p",
+                             audit_topic="a", dlq_topic="d", worker="w")
+    outcome = handle(raw, Origin("in", 0, 0, None, (), None), context)
+    metrics.observe(outcome.assembly, outcome.rejected, seconds)
 
 
 def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float:
@@ -26,8 +28,8 @@ def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) ->
 def test_metrics_count_events_drops_tokens_and_dead_letters() -> None:
     metrics = Metrics()
     good = (EXAMPLES / "events.jsonl").read_bytes().splitlines()[1]  # q30-customer
-    metrics.observe(outcome(good), 0.002)
-    metrics.observe(outcome(b"{bad"), 0.0001)
+    observe(metrics, good, 0.002)
+    observe(metrics, b"{bad", 0.0001)
     assert sample(metrics, "context_assembler_events_total", {"outcome": "assembled"}) == 1
     assert sample(metrics, "context_assembler_events_total", {"outcome": "rejected"}) == 1
     assert sample(metrics, "context_assembler_chunks_total", {"decision": "access_denied"}) == 1
@@ -42,7 +44,7 @@ async def test_http_endpoints() -> None:
 
     metrics = Metrics()
     ready = {"now": False}
-    server = HealthServer(metrics, lambda: ready["now"], "127.0.0.1", 0)
+    server = HealthServer(metrics.exposition, lambda: ready["now"], "127.0.0.1", 0)
     await server.start()
 
     def get(path: str) -> tuple[int, bytes]:

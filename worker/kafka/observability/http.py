@@ -7,12 +7,14 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from worker.kafka.observability.metrics import Metrics
-
 
 class HealthServer:
-    def __init__(self, metrics: Metrics, ready: Callable[[], bool], host: str, port: int) -> None:
-        self._metrics = metrics
+    """`exposition`: the /metrics page (Metrics.exposition); `ready`: what /ready answers."""
+
+    def __init__(
+        self, exposition: Callable[[], bytes], ready: Callable[[], bool], host: str, port: int
+    ) -> None:
+        self._exposition = exposition
         self._ready = ready
         self._host = host
         self._port = port
@@ -20,7 +22,7 @@ class HealthServer:
         self.port: int | None = None
 
     async def _metrics_page(self, _: web.Request) -> web.Response:
-        body = self._metrics.exposition()
+        body = self._exposition()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, _: web.Request) -> web.Response:

@@ -1,11 +1,15 @@
-"""Prometheus metrics (one registry per worker, names follow _total/_seconds conventions)."""
+"""Prometheus metrics (one registry per worker, names follow _total/_seconds conventions).
+
+Fed with the engine's and the intake's own values, so it knows nothing of Kafka records.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from schemas.models import DropReason
-from worker.kafka.records import Outcome
+from worker.engine import Assembly
+from worker.intake.codec import RejectedInput
 
 
 class Metrics:
@@ -51,16 +55,19 @@ class Metrics:
             self.chunks.labels(reason.value)
         self.chunks.labels("kept")
 
-    def observe(self, outcome: Outcome, seconds: float) -> None:
+    def observe(
+        self, assembly: Assembly | None, rejected: RejectedInput | None, seconds: float
+    ) -> None:
+        """One event handled in `seconds`: assembled, or rejected (and dead-lettered)."""
         self.latency.observe(seconds)
-        if outcome.rejected is not None:
+        if rejected is not None:
             self.events.labels("rejected").inc()
-            self.dlq.labels(outcome.rejected.reason).inc()
+            self.dlq.labels(rejected.reason).inc()
             return
         self.events.labels("assembled").inc()
-        if outcome.assembly is None:  # the benchmark's passthrough
+        if assembly is None:  # the benchmark's passthrough
             return
-        audit = outcome.assembly.audit
+        audit = assembly.audit
         self.chunks.labels("kept").inc(len(audit.kept))
         for dropped in audit.dropped:
             self.chunks.labels(dropped.reason.value).inc()

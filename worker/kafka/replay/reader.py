@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
+from worker.engine.errors import ContextAssemblerError
 
-class RangeError(ValueError):
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+
+
+class RangeError(ContextAssemblerError, ValueError):
     """A range that cannot be read as asked: no such topic, partition or offset."""
 
 
@@ -50,7 +56,7 @@ def parse_time(text: str) -> int:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    return (moment - _EPOCH) // _MILLISECOND  # exact: float seconds * 1000 can fall 1 ms short
 
 
 class TopicReader:
@@ -62,17 +68,32 @@ class TopicReader:
             auto_offset_reset="none",
             isolation_level="read_committed",  # never an aborted transaction's records
         )
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
 
     async def __aenter__(self) -> TopicReader:
-        await self._consumer.start()
+        await self._admin.start()
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._admin.close()
+            raise
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        await self._consumer.stop()
+        try:
+            await self._consumer.stop()
+        finally:
+            await self._admin.close()
 
     async def partitions(self, topic: str) -> list[int]:
-        cluster = await self._consumer._client.fetch_all_metadata()  # every topic, fresh
-        found = cluster.partitions_for_topic(topic)
+        # Every topic, fresh: asking for one by name could have the broker create it.
+        described = await self._admin.describe_topics()
+        found = [
+            part["partition"]
+            for entry in described
+            if entry["topic"] == topic and entry["error_code"] == 0
+            for part in entry["partitions"]
+        ]
         if not found:
             raise RangeError(f"topic {topic!r} does not exist")
         return sorted(found)

@@ -1,0 +1,78 @@
+"""The Kafka commands' broker-free parts: what they refuse before connecting, which policy
+explain --kafka shows, and that the file commands never load a Kafka client."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.factories import EXAMPLES
+from worker.cli import kafka
+from worker.cli.main import main
+from worker.intake.policies import build_registry, load_preset
+from worker.kafka.replay import replay
+
+
+def test_replay_refuses_one_file_for_two_outputs_before_connecting(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "out.jsonl")
+    assert main(["replay", "--from", "0:0", "--out", out, "--errors", out]) == 2
+    assert "--errors" in capsys.readouterr().err and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["replay", "--from", "0:0", "--from-time", "2026-11-29T16:00:00Z"],
+         "give --from or --from-time, not both"),
+        (["replay", "--from", "zero"], "'zero': expected PARTITION:OFFSET"),
+        (["replay", "--from-time", "yesterday"], "'yesterday': expected an ISO-8601 time"),
+        (["explain", "--kafka"], "explain --kafka needs a REQUEST_ID"),
+    ],
+)
+def test_usage_errors_are_refused_before_connecting(
+        args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith(f"context-assembler: {message}")
+
+
+def test_explain_kafka_says_what_is_not_recorded(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    async def nothing_recorded(servers: str, topic: str, request_id: str, from_ms: int | None) -> None:
+        raise replay.NotRecorded(f"no audit for request {request_id!r} on {topic}")
+
+    monkeypatch.setattr(replay, "find_recorded", nothing_recorded)
+    assert main(["explain", "nobody", "--kafka", "--audit-topic", "audits"]) == 2
+    assert capsys.readouterr().err == "context-assembler: no audit for request 'nobody' on audits\n"
+
+
+def test_explain_kafka_shows_the_recorded_policy_the_operator_chooses() -> None:
+    registry = build_registry("estimated", ["window-8k"])
+    allowed = kafka.recorded_policy(registry, "window-8k")
+    assert allowed is registry.resolve("window-8k") and allowed.guard == registry.default.guard
+    assert kafka.recorded_policy(registry, "rank-fidelity") == load_preset("rank-fidelity")
+    assert kafka.recorded_policy(registry, "gone") is registry.default
+
+
+def test_the_file_commands_never_load_a_kafka_client(tmp_path: Path) -> None:
+    events = EXAMPLES / "events.jsonl"
+    script = (
+        "import sys\n"
+        "from worker.cli.main import main\n"
+        f"assert main(['assemble', {str(events)!r}, '--out', {os.devnull!r},"
+        " '--allow-policy', 'window-8k']) == 0\n"
+        f"assert main(['explain', 'q30-staff', '--events', {str(events)!r}]) == 0\n"
+        f"assert main(['sweep', 'q30-staff', '--events', {str(events)!r}, '--budgets', '300',"
+        f" '--png', {str(tmp_path / 's.png')!r}]) == 0\n"
+        "assert main(['policy']) == 0\n"
+        "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'aiokafka', 'faust', 'kafka'})\n"
+        "loaded += sorted(m for m in sys.modules if m.startswith('worker.kafka'))\n"
+        "print(loaded)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            check=True, timeout=120)
+    assert result.stdout.splitlines()[-1] == "[]"

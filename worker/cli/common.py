@@ -1,0 +1,157 @@
+"""What the commands share: their errors, options, input and output files, and stderr notes.
+
+An error the operator can fix is raised as a `ContextAssemblerError`, which `main` reports
+in one line with exit status 2; the ones defined here are the command line's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
+
+from pydantic import ValidationError
+
+from schemas.models import AssemblyAudit
+from worker import filemode
+from worker.diagnose.explain import UnusableInput, printable
+from worker.engine.errors import ContextAssemblerError
+from worker.intake.codec import Limits
+
+
+class UsageError(ContextAssemblerError):
+    """Options that do not go together, or one a command needs and was not given."""
+
+
+class NotFound(ContextAssemblerError):
+    """A request the command was asked about is not where it was told to look."""
+
+
+class FileError(ContextAssemblerError):
+    """A file or stream the command cannot open, read or write: the OSError's message, with
+    the path when the OSError does not name it."""
+
+
+@contextlib.contextmanager
+def file_errors(path: str | None = None) -> Iterator[None]:
+    """Raise an OSError from within as a FileError naming `path`."""
+    try:
+        yield
+    except OSError as error:
+        named = error.filename is not None or path is None
+        raise FileError(str(error) if named else f"{path}: {error}") from error
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def command(run: Command) -> Command:
+    """A command whose OSErrors (a file it cannot open, a closed pipe) are FileErrors: the
+    operator's to fix, not a bug."""
+
+    @functools.wraps(run)
+    def reporting(args: argparse.Namespace) -> int:
+        with file_errors():
+            return run(args)
+
+    return reporting
+
+
+def note(text: str) -> None:
+    """One line on stderr; `text` may quote an event, so its control characters are escaped."""
+    print(printable(text), file=sys.stderr)
+
+
+# Options every command that reads events has.
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number")
+    return value
+
+
+def add_limits(parser: argparse.ArgumentParser) -> None:
+    defaults = Limits()
+    parser.add_argument("--max-event-bytes", type=positive, default=defaults.max_event_bytes)
+    parser.add_argument("--max-chunks", type=positive, default=defaults.max_chunks)
+    parser.add_argument("--max-chunk-chars", type=positive, default=defaults.max_chunk_chars)
+
+
+def limits(args: argparse.Namespace) -> Limits:
+    return Limits(
+        max_event_bytes=args.max_event_bytes,
+        max_chunks=args.max_chunks,
+        max_chunk_chars=args.max_chunk_chars,
+    )
+
+
+def add_policies(
+    parser: argparse.ArgumentParser, policy_help: str, allow_default: str = "default: none"
+) -> None:
+    parser.add_argument("--policy", help=policy_help)
+    parser.add_argument(
+        "--allow-policy", action="append", default=[], metavar="NAME",
+        help=f"a policy requests may name: preset or TOML file (repeatable); {allow_default}",
+    )
+
+
+# Input and output files. "-" is stdin for an input, and stdout or stderr for an output.
+
+STDOUT, STDERR = 1, 2
+_STREAM_OF = {"--out": STDOUT, "--audit": STDOUT, "--errors": STDERR}
+
+
+@contextlib.contextmanager
+def open_inputs(paths: Sequence[str]) -> Iterator[list[tuple[str, BinaryIO]]]:
+    """(name, stream) for each path, stdin if none."""
+    with contextlib.ExitStack() as stack:
+        sources: list[tuple[str, BinaryIO]] = []
+        for path in paths or ["-"]:
+            if path == "-":
+                sources.append(("<stdin>", sys.stdin.buffer))
+            else:
+                with file_errors(path):
+                    sources.append((path, stack.enter_context(open(path, "rb"))))
+        yield sources
+
+
+@contextlib.contextmanager
+def open_output(option: str, path: str | None) -> Iterator[BinaryIO | None]:
+    """None: not written; "-": stdout or stderr, as it goes; a path: written whole at the end."""
+    if path is None:
+        yield None
+    elif path == "-":
+        yield sys.stdout.buffer if _STREAM_OF[option] == STDOUT else sys.stderr.buffer
+    else:
+        with contextlib.ExitStack() as stack:
+            with file_errors(path):
+                stream = stack.enter_context(filemode.output_file(path))
+            yield stream
+            with file_errors(path):
+                stack.close()  # flushed, synced and renamed into place
+
+
+def refuse_overlaps(inputs: Sequence[str], outputs: dict[str, str | None]) -> None:
+    """Before anything is read or written: no output may be an input or another output."""
+    filemode.refuse_overlaps(
+        [0 if path == "-" else path for path in inputs],
+        {option: _STREAM_OF[option] if path == "-" else path
+         for option, path in outputs.items() if path is not None},
+    )
+
+
+def parse_audit(data: bytes | str, where: str) -> AssemblyAudit:
+    try:
+        return AssemblyAudit.model_validate_json(data)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        place = ".".join(str(p) for p in problem["loc"]) or "<root>"
+        raise UnusableInput(f"{where}: not an AssemblyAudit: {place}: {problem['msg']}") from None

@@ -1,0 +1,149 @@
+"""The Kafka commands: worker, produce, replay, and explain --kafka.
+
+`worker.kafka` (faust, aiokafka) is imported inside each command, so the file commands never
+load a Kafka client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from worker.cli.common import (
+    UsageError,
+    command,
+    limits,
+    open_inputs,
+    parse_audit,
+    refuse_overlaps,
+)
+from worker.diagnose.explain import UnusableInput, decision_table, printable
+from worker.engine import Policy
+from worker.intake.codec import RejectedInput, decode_event
+from worker.intake.policies import PolicyRegistry, build_registry, load_preset, preset_names
+
+
+@command
+def cmd_worker(_: argparse.Namespace) -> int:
+    from worker.kafka.run import run_worker
+    from worker.kafka.settings import load_settings
+
+    return run_worker(load_settings())
+
+
+@command
+def cmd_produce(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker.kafka.produce import produce
+    from worker.kafka.settings import load_settings
+
+    settings = load_settings()
+    servers = args.bootstrap_servers or settings.bootstrap_servers
+    topic = args.topic or settings.input_topic
+    with open_inputs(args.files) as sources:
+        lines = (line for _, stream in sources for line in stream)
+        sent = asyncio.run(produce(servers, topic, lines))
+    print(f"sent {sent} events to {topic}", file=sys.stderr)
+    return 0
+
+
+@command
+def cmd_replay(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from worker.kafka.replay.reader import is_position, parse_position, parse_time
+    from worker.kafka.replay.replay import ReplayRequest, replay
+    from worker.kafka.settings import load_settings
+
+    if args.start and args.from_time:
+        raise UsageError("give --from or --from-time, not both")
+    refuse_overlaps([], {"--out": args.out, "--audit": args.audit, "--errors": args.errors})
+    settings = load_settings()
+    request = ReplayRequest(
+        bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
+        input_topic=args.input_topic or settings.input_topic,
+        prompts_topic=args.prompts_topic or settings.prompts_topic,
+        audit_topic=args.audit_topic or settings.audit_topic,
+        registry=build_registry(args.policy or settings.policy_file,
+                                args.allow_policy or settings.allowed_policies),
+        limits=limits(args),
+        starts=[parse_position(p) for p in args.start],
+        from_ms=parse_time(args.from_time) if args.from_time else None,
+        ends=[parse_position(p) for p in args.to if is_position(p)],
+        to_ms=next((parse_time(p) for p in args.to if not is_position(p)), None),
+        count=args.count,
+        out=Path(args.out) if args.out else None,
+        audit_out=Path(args.audit) if args.audit else None,
+        errors_out=Path(args.errors) if args.errors else None,
+        to_topic=args.to_topic,
+        to_audit_topic=args.to_audit_topic,
+        compare=args.compare,
+    )
+
+    async def run() -> int:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+        report = await replay(request, stop)
+        rejected = sum(isinstance(r.result, str) for r in report.replayed)
+        for comparison in report.comparisons:
+            if comparison.status != "identical" or args.verbose:
+                print(comparison.render())
+        counts = {s: sum(c.status == s for c in report.comparisons)
+                  for s in ("identical", "different", "not published")}
+        summary = f"replayed {len(report.replayed)} events ({rejected} rejected)"
+        if request.compare:
+            summary += ": " + ", ".join(f"{n} {s}" for s, n in counts.items())
+        if report.interrupted:
+            summary += " (interrupted: the outputs hold the events replayed so far)"
+        print(summary)
+        if report.interrupted:
+            return 130
+        return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
+
+    return asyncio.run(run())
+
+
+def recorded_policy(registry: PolicyRegistry, name: str) -> Policy:
+    """The policy an audit names: allowed here, else the preset of that name, else the
+    service policy. The operator runs explain, so any preset may be shown."""
+    if name in registry.allowed_names:
+        return registry.resolve(name)
+    return load_preset(name) if name in preset_names() else registry.default
+
+
+@command
+def cmd_explain(args: argparse.Namespace) -> int:
+    """explain REQUEST_ID --kafka: its latest audit on the audit topic, and its input."""
+    import asyncio
+
+    from worker.kafka.replay.reader import parse_time
+    from worker.kafka.replay.replay import find_recorded
+    from worker.kafka.settings import load_settings
+
+    if args.request_id is None:
+        raise UsageError("explain --kafka needs a REQUEST_ID")
+    settings = load_settings()
+    registry = build_registry(args.policy or settings.policy_file,
+                              args.allow_policy or settings.allowed_policies)
+    raw, audit_bytes, origin = asyncio.run(find_recorded(  # or NotRecorded
+        args.bootstrap_servers or settings.bootstrap_servers,
+        args.audit_topic or settings.audit_topic,
+        args.request_id,
+        parse_time(args.from_time) if args.from_time else None,
+    ))
+    try:
+        event = decode_event(raw, limits(args))
+    except RejectedInput as error:
+        raise UnusableInput(f"the input {origin} cannot be decoded: {error.reason}: "
+                            f"{error.message}") from None
+    audit = parse_audit(audit_bytes, f"the audit of {args.request_id!r}")
+    policy = recorded_policy(registry, audit.policy.name)
+    print(printable(f"input {origin}"))
+    if policy.hash != audit.policy.hash:
+        print(printable(f"(recorded under {audit.policy.hash}; tokens of dropped chunks are "
+                        f"counted under {policy.name} {policy.hash})"))
+    print(decision_table(event, audit, policy))
+    return 0
