@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 OUT    := out
+# The development broker's config, data and log (scripts/quickstart.sh sets its own).
+KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test lint check bench bench-kafka schemas broker-start broker-stop clean
+.PHONY: demo test lint check bench bench-kafka schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,11 +41,16 @@ bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline, side 
 bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a real broker
 	$(BIN)/python -m bench.kafka_bench
 
-broker-start: $(BIN)/context-assembler  ## a local Kafka broker for development (.kafka/dev)
-	PYTHON=$(BIN)/python bash scripts/kafka.sh start .kafka/dev
+broker-start: $(BIN)/context-assembler  ## a local Kafka broker and the worker's topics; prints host:port
+	@PYTHON=$(BIN)/python bash scripts/kafka.sh start $(KAFKA_DIR) >/dev/null
+	@$(BIN)/context-assembler topics create --bootstrap-servers "$$(bash scripts/kafka.sh bootstrap $(KAFKA_DIR))"
+	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
+
+broker-address:  ## host:port of the broker broker-start started
+	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
 
 broker-stop:
-	bash scripts/kafka.sh stop .kafka/dev
+	bash scripts/kafka.sh stop $(KAFKA_DIR)
 
 clean:
 	rm -rf $(VENV) $(OUT) .kafka .pytest_cache .mypy_cache .ruff_cache

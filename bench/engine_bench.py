@@ -1,6 +1,6 @@
 """Engine benchmark: `assemble()` against seed 000's naive algorithm and against bare tiktoken.
 
-Run `python -m bench.engine_bench` (about 2 minutes), `--quick` (under 30 s), `--json FILE`
+Run `python -m bench.engine_bench` (about 3 minutes), `--quick` (under a minute), `--json FILE`
 to keep the numbers, `--strict` to exit 1 when a target fails.
 
 Events are generated deterministically (seeded `random.Random`): English-like prose from a
@@ -17,30 +17,43 @@ Per event, the contenders run back to back in rotating order, so machine noise h
 alike: (a) the engine on a pre-parsed event with `Policy()`; (b) the naive baseline, seed
 000's algorithm with tiktoken and no cache; (c) cold only, tiktoken alone: one
 `encode_ordinary` per pre-rendered passage, the floor of any exact uncached count.
+
+Then, bytes in and bytes out: decode + assemble + encode of 20-chunk events (warm and cold),
+and the file mode as a whole process (the CLI against a naive seed 000 script over the same
+JSONL file, both started fresh, start-up included).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
 import platform
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import orjson
 import tiktoken
 
 from bench.corpus import COPY_SHARE, Corpus
 from schemas.models import Chunk, DropReason, RetrievalResult
 from worker.engine import Assembly, Policy, assemble, words
+from worker.engine.assemble import PASSAGE_COSTS
 from worker.engine.tokens import TiktokenCounter, get_counter
+from worker.engine.vocabulary import load_encoding
+from worker.intake.codec import Limits, encode
+from worker.intake.handle import assemble_bytes
+from worker.intake.policies import PolicyRegistry
 
 T = TypeVar("T")
 
@@ -57,6 +70,16 @@ QUICK_REPEATS: Final = {10: (40, 20), 40: (30, 12), 200: (5, 4), 1000: (2, 2)}
 TARGET_WARM_SPEEDUP: Final = 30.0  # baseline / engine, warm, 40 chunks
 TARGET_COLD_RATIO: Final = 1.8  # engine / tiktoken alone, cold, every size
 TARGET_WARM_1000_MS: Final = 50.0  # engine median, warm, 1,000 chunks
+# Bytes in, bytes out: decode + assemble + encode (prompt and audit) of one event.
+PIPELINE_CHUNKS: Final = 20
+PIPELINE_REPEATS: Final = {"default": (400, 150), "quick": (60, 30)}  # (warm, cold) events
+TARGET_PIPELINE_WARM_MS: Final = 0.5
+TARGET_PIPELINE_COLD_MS: Final = 0.8
+# Whole process, file mode: `context-assembler assemble` over a JSONL file of 40-chunk events
+# against a script doing seed 000's algorithm over the same file, both started fresh.
+FILE_MODE_CHUNKS: Final = 40
+FILE_MODE_EVENTS: Final = {"default": (600, 2), "quick": (100, 1)}  # (events, runs each)
+TARGET_FILE_MODE_SPEEDUP: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +187,18 @@ def tiktoken_alone(encoding: tiktoken.Encoding, rendered: Sequence[str]) -> int:
 def clear_engine_caches(counter: TiktokenCounter) -> None:
     counter.cache.clear()
     words.CACHE.clear()
+    PASSAGE_COSTS.clear()
+
+
+def naive_file(source: Path, out: Path) -> None:
+    """Seed 000 as a file mode: parse each line, assemble naively, write one JSON line."""
+    naive = NaiveAssembler(load_encoding(ENCODING))
+    with source.open("rb") as lines, out.open("w") as written:
+        for line in lines:
+            event = RetrievalResult.model_validate(json.loads(line))
+            outcome, context = naive(event.chunks)
+            record = {"request_id": event.request_id, "kept": outcome.kept, "context": context}
+            written.write(json.dumps(record) + "\n")
 
 
 # --------------------------------------------------------------------------------------
@@ -334,6 +369,82 @@ class Bench:
         return row
 
 
+@dataclass
+class Pipeline:
+    """decode + assemble + encode per event, bytes in and bytes out, as the shells run it."""
+
+    warm: list[int] = field(default_factory=list)
+    cold: list[int] = field(default_factory=list)
+
+
+def pipeline(bench: Bench, repeats: tuple[int, int]) -> Pipeline:
+    registry, limits = PolicyRegistry(bench.policy), Limits()
+
+    def run(raw: bytes) -> tuple[bytes, bytes]:
+        assembly = assemble_bytes(raw, registry, limits)
+        return encode(assembly.prompt), encode(assembly.audit)
+
+    result = Pipeline()
+    corpus = Corpus(bench.seed * 31 + PIPELINE_CHUNKS)
+    pairs = [(encode(a), encode(b)) for a, b in corpus.warm_events(PIPELINE_CHUNKS, repeats[0])]
+    for twin, _ in pairs:
+        run(twin)
+    gc.collect()
+    for _, raw in pairs:
+        result.warm.append(timed(functools.partial(run, raw))[0])
+    for i in range(repeats[1]):
+        raw = encode(corpus.cold_event(PIPELINE_CHUNKS, i))
+        gc.collect()
+        clear_engine_caches(bench.counter)
+        result.cold.append(timed(functools.partial(run, raw))[0])
+    return result
+
+
+@dataclass
+class FileMode:
+    """Wall time of two fresh processes over one file: the CLI and the naive script."""
+
+    events: int
+    engine_s: list[float] = field(default_factory=list)
+    naive_s: list[float] = field(default_factory=list)
+    agree: bool = True
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.naive_s) / statistics.median(self.engine_s)
+
+
+def file_mode(seed: int, events: int, runs: int) -> FileMode:
+    """Realistic traffic: popular chunks recur (each event draws 40 of a pool of 120)."""
+    corpus = Corpus(seed * 37 + FILE_MODE_CHUNKS)
+    pairs = corpus.warm_events(FILE_MODE_CHUNKS, events // 2)
+    result = FileMode(2 * len(pairs))
+    with tempfile.TemporaryDirectory(prefix="engine-bench-") as work:
+        source, prompts, audits, naive_out = (
+            Path(work, name) for name in ("events.jsonl", "prompts.jsonl", "audit.jsonl",
+                                          "naive.jsonl")
+        )
+        source.write_bytes(b"".join(encode(e) + b"\n" for pair in pairs for e in pair))
+        engine_cmd = [sys.executable, "-m", "worker.cli", "assemble", str(source),
+                      "--out", str(prompts), "--audit", str(audits)]
+        naive_cmd = [sys.executable, "-m", "bench.engine_bench", "--naive-file", str(source),
+                     "--naive-out", str(naive_out)]
+        for i in range(runs):
+            for cmd in (engine_cmd, naive_cmd) if i % 2 == 0 else (naive_cmd, engine_cmd):
+                start = time.perf_counter()
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)  # kept for a CalledProcessError
+                elapsed = time.perf_counter() - start
+                (result.engine_s if cmd is engine_cmd else result.naive_s).append(elapsed)
+        kept_engine = [
+            [k["chunk_id"] for k in orjson.loads(line)["kept"]]
+            for line in audits.read_bytes().splitlines()
+        ]
+        kept_naive = [orjson.loads(line)["kept"] for line in naive_out.read_bytes().splitlines()]
+        result.agree = kept_engine == kept_naive
+    return result
+
+
 # --------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------
@@ -346,7 +457,9 @@ class Verdict:
     passed: bool
 
 
-def verdicts(rows: Sequence[Row]) -> list[Verdict]:
+def verdicts(
+    rows: Sequence[Row], piped: Pipeline | None = None, files: FileMode | None = None
+) -> list[Verdict]:
     by_key = {(r.regime, r.size): r for r in rows}
     found: list[Verdict] = []
     if (warm40 := by_key.get(("warm", 40))) is not None:
@@ -369,6 +482,26 @@ def verdicts(rows: Sequence[Row]) -> list[Verdict]:
             f"warm, 1000 chunks: engine median < {TARGET_WARM_1000_MS:g} ms",
             f"{median:.1f} ms",
             median < TARGET_WARM_1000_MS,
+        ))
+    if piped is not None:
+        for regime, samples, target in (
+            ("warm", piped.warm, TARGET_PIPELINE_WARM_MS),
+            ("cold", piped.cold, TARGET_PIPELINE_COLD_MS),
+        ):
+            summary = Summary.of(samples)
+            found.append(Verdict(
+                f"{regime}, {PIPELINE_CHUNKS} chunks: decode + assemble + encode <= {target:g} ms",
+                f"{summary.median_ms:.3f} ms (p90 {summary.p90_ms:.3f} ms)",
+                summary.median_ms <= target,
+            ))
+    if files is not None:
+        found.append(Verdict(
+            f"file mode, {files.events} events of {FILE_MODE_CHUNKS} chunks, whole process: "
+            f"naive / CLI >= {TARGET_FILE_MODE_SPEEDUP:g}x",
+            f"{files.speedup:.1f}x (CLI {statistics.median(files.engine_s):.2f} s, naive "
+            f"{statistics.median(files.naive_s):.2f} s; kept chunks "
+            f"{'agree' if files.agree else 'DIFFER'})",
+            files.speedup >= TARGET_FILE_MODE_SPEEDUP and files.agree,
         ))
     mismatches = sum(len(r.mismatches) for r in rows)
     checked = sum(len(r.kept) for r in rows)
@@ -413,11 +546,17 @@ def table(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="few events per size (< 30 s)")
+    parser.add_argument("--quick", action="store_true", help="few events per size (< 1 min)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
+    parser.add_argument("--naive-file", type=Path, help=argparse.SUPPRESS)  # the contender
+    parser.add_argument("--naive-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.naive_file is not None:
+        naive_file(args.naive_file, args.naive_out or Path("/dev/null"))
+        return 0
+    mode = "quick" if args.quick else "default"
 
     started = time.perf_counter()
     bench = Bench(QUICK_REPEATS if args.quick else DEFAULT_REPEATS, args.seed)
@@ -435,10 +574,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
             print(f"  {regime} {size:>4} chunks: {len(row.engine)} events "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+    piped = pipeline(bench, PIPELINE_REPEATS[mode])
+    print(f"  decode + assemble + encode: {len(piped.warm) + len(piped.cold)} events "
+          f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+    files = file_mode(args.seed, *FILE_MODE_EVENTS[mode])
+    print(f"  file mode: {files.events} events ({time.perf_counter() - started:.0f} s)",
+          file=sys.stderr, flush=True)
 
     sample = rows[0]
     print()
-    print(f"context-assembler engine benchmark ({'quick' if args.quick else 'default'} run, "
+    print(f"context-assembler engine benchmark ({mode} run, "
           f"seed {args.seed}, Python {platform.python_version()}, tiktoken {tiktoken.__version__})")
     print(f"chunks: 250-450 words, ~{statistics.mean(sample.chunk_tokens):.0f} tokens, "
           f"{sum(sample.chunk_bytes) / sum(sample.chunk_tokens):.2f} bytes/token; "
@@ -449,7 +594,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(table(rows))
     print()
-    found = verdicts(rows)
+    for regime, samples in (("warm", piped.warm), ("cold", piped.cold)):
+        summary = Summary.of(samples)
+        print(f"decode + assemble + encode, {PIPELINE_CHUNKS} chunks, {regime}: median "
+              f"{summary.median_ms:.3f} ms, p90 {summary.p90_ms:.3f} ms ({summary.events} events)")
+    print(f"file mode, whole process, {files.events} events of {FILE_MODE_CHUNKS} chunks: CLI "
+          f"{statistics.median(files.engine_s):.2f} s, naive seed 000 "
+          f"{statistics.median(files.naive_s):.2f} s: {files.speedup:.1f}x")
+    print()
+    found = verdicts(rows, piped, files)
     for verdict in found:
         print(f"{'PASS' if verdict.passed else 'FAIL'}  {verdict.target}: {verdict.value}")
     for row in rows:
@@ -466,6 +619,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tiktoken": tiktoken.__version__,
             "elapsed_s": elapsed,
             "rows": [row.as_json() for row in rows],
+            "pipeline": {"chunks": PIPELINE_CHUNKS, "warm": _summary_json(piped.warm),
+                         "cold": _summary_json(piped.cold)},
+            "file_mode": {"chunks": FILE_MODE_CHUNKS, "events": files.events,
+                          "engine_s": files.engine_s, "naive_s": files.naive_s,
+                          "naive_over_engine": files.speedup, "kept_agree": files.agree},
             "targets": [
                 {"target": v.target, "value": v.value, "passed": v.passed} for v in found
             ],

@@ -9,6 +9,14 @@ For each contender (passthrough = the same faust worker with the engine taken ou
 - latency: events are produced at a fixed rate to a ready worker; latency is the output's
   arrival minus the input's create time (outputs carry the input's timestamp).
 Target: worker throughput >= 70 % of the passthrough's.
+
+Commits (same run): "1 s commits" is the worker with its old cadence (faust's timer only,
+`bench.interval_commits`); its throughput is measured beside the worker's. Then, for each
+cadence, on fresh topics: events are produced at --rate while the worker is killed with
+SIGKILL --kills times (each restarted at once), and the duplicate prompts (requests answered
+more than once) are counted per kill, as a fraction of one second's events at that rate.
+Targets: worker duplicates per kill <= 5 % of one second's events; worker throughput within
+5 % of the 1 s cadence's.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +36,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.corpus import Corpus
 from tests.support.broker import Broker, broker_from_env
-from tests.support.worker import Topics, WorkerProcess, produce
+from tests.support.worker import Topics, WorkerProcess, produce, read_topic
 from worker.intake.codec import encode
 
 PARTITIONS = 6
@@ -123,7 +132,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     broker = broker_from_env(logs / "broker")
     broker.start()
     contenders = [("passthrough", "bench.passthrough", 1), ("worker", "worker.cli", 1),
-                  ("2 workers", "worker.cli", 2)]
+                  ("1 s commits", "bench.interval_commits", 1), ("2 workers", "worker.cli", 2)]
     results: dict[str, list[Result]] = {name: [] for name, _, _ in contenders}
     try:
         for round_ in range(args.rounds):
@@ -133,6 +142,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 results[name].append(result)
                 print(f"round {round_ + 1} {name:>12}: {result.events_per_second:7.0f} events/s, "
                       f"p50 {result.p50_ms:6.1f} ms, p99 {result.p99_ms:6.1f} ms", flush=True)
+        cadences = [("worker", "worker.cli"), ("1 s commits", "bench.interval_commits")]
+        duplicates: dict[str, list[float]] = {name: [] for name, _ in cadences}
+        for round_ in range(args.rounds):
+            for name, module in cadences if round_ % 2 == 0 else cadences[::-1]:
+                per_kill = await kill_round(broker, name, module, args, logs)
+                duplicates[name].append(per_kill)
+                print(f"round {round_ + 1} {name:>12}: {per_kill:5.1f} duplicate prompts per "
+                      f"kill -9 ({per_kill / args.rate:.1%} of one second's events)", flush=True)
     finally:
         broker.stop()
     summary = {name: {"events_per_second": statistics.median(r.events_per_second for r in rs),
@@ -149,8 +166,60 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     verdict = "PASS" if ratio >= 0.7 else "FAIL"
     print(f"\nworker / passthrough throughput: {ratio:.0%} (target >= 70 %): {verdict}")
     print(f"2 workers / 1 worker throughput: {scale:.2f}x (2 cores shared with the broker)")
+    cadence = summary["worker"]["events_per_second"] / summary["1 s commits"]["events_per_second"]
+    kills = {name: {"per_kill": statistics.median(counts),
+                    "per_kill_over_rate": statistics.median(counts) / args.rate,
+                    "rounds": counts}
+             for name, counts in duplicates.items()}
+    share = kills["worker"]["per_kill_over_rate"]
+    print(f"worker / 1 s commits throughput: {cadence:.0%} (target >= 95 %): "
+          f"{'PASS' if cadence >= 0.95 else 'FAIL'}")
+    print(f"duplicate prompts per kill -9 at {args.rate:g} events/s (medians): worker "
+          f"{kills['worker']['per_kill']:.1f} ({share:.1%} of one second's events, target "
+          f"<= 5 %: {'PASS' if share <= 0.05 else 'FAIL'}), 1 s commits "
+          f"{kills['1 s commits']['per_kill']:.1f} "
+          f"({kills['1 s commits']['per_kill_over_rate']:.1%})")
     return {"summary": summary, "worker_over_passthrough": ratio, "two_over_one": scale,
+            "worker_over_1s_commits": cadence, "duplicates_per_kill": kills,
+            "kills": args.kills, "rate": args.rate,
             "events": args.events, "chunks": args.chunks, "rounds": args.rounds}
+
+
+async def kill_round(broker: Broker, name: str, module: str, args: argparse.Namespace,
+                     logs: Path) -> float:
+    """Duplicate prompts per kill -9 of a worker fed at `args.rate` events/s."""
+    topics = Topics.fresh()
+    await topics.create(broker, PARTITIONS)
+    count = int(args.rate * args.kill_seconds)
+    stream = make_events(count, args.chunks, args.seed + 1)  # requests of their own
+    log = logs / f"kill-{name.replace(' ', '-')}-{topics.group}.log"
+    proc = WorkerProcess(broker, topics, log, module=module).start()
+    proc.wait_ready()
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+    await producer.start()
+
+    async def feed() -> None:
+        for key, value in stream:
+            await producer.send(topics.input, value, key=key)
+            await asyncio.sleep(1 / args.rate)
+
+    feeding = asyncio.create_task(feed())
+    try:
+        for _ in range(args.kills):
+            await asyncio.sleep(args.kill_after)  # caught up, at the steady rate: kill
+            proc.kill()
+            proc = WorkerProcess(broker, topics, log, module=module).start()
+            await asyncio.to_thread(proc.wait_ready, 120)
+        await feeding
+        prompts = await read_topic(broker, topics.prompts, until=count, timeout=300, settle=3)
+    finally:
+        feeding.cancel()
+        await producer.stop()
+        proc.stop()
+    answered: Counter[bytes] = Counter(m.key for m in prompts)
+    assert len(answered) == count, f"{name}: {count - len(answered)} requests lost"
+    kills: int = args.kills
+    return (sum(answered.values()) - count) / kills
 
 
 def main() -> None:
@@ -160,6 +229,11 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--rate", type=float, default=50.0, help="events/s in the latency phase")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--kills", type=int, default=2, help="kill -9 per duplicates round")
+    parser.add_argument("--kill-after", type=float, default=5.0,
+                        help="seconds from a worker being ready (and catching up) to its kill")
+    parser.add_argument("--kill-seconds", type=float, default=30.0,
+                        help="length of the stream fed during the kills, in seconds")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()

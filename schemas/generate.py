@@ -1,7 +1,10 @@
-"""Write the JSON Schema and AsyncAPI files from the pydantic models.
+"""Write the JSON Schema, AsyncAPI and OpenAPI files from the pydantic models.
 
-`python -m schemas.generate` rewrites them; `python -m schemas.generate --check` fails when
-the committed files differ from what the models say (the test suite runs the check).
+`python -m schemas.generate` rewrites them, and records the JSON Schemas of the current
+schema_version under `schemas/history/v<N>/` the first time that version is generated.
+`python -m schemas.generate --check` fails when the committed files differ from what the
+models say, or when a JSON Schema breaks what readers of the same schema_version's snapshot
+rely on (`schemas.compat`); the test suite runs both checks.
 """
 
 from __future__ import annotations
@@ -13,10 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
-from schemas.models import AssembledPrompt, AssemblyAudit, ErrorRecord, RetrievalResult
+from schemas.compat import Direction, breaking_changes
+from schemas.models import (
+    SCHEMA_VERSION,
+    AssembledPrompt,
+    AssemblyAudit,
+    ErrorRecord,
+    RetrievalResult,
+)
 
 HERE = Path(__file__).parent
+HISTORY = HERE / "history"
 RECORDS: dict[str, type[BaseModel]] = {
     "retrieval-result": RetrievalResult,
     "assembled-prompt": AssembledPrompt,
@@ -38,6 +50,16 @@ CHANNELS = {
         "bytes of the input, with context-assembler.truncated, .original.bytes and "
         ".original.sha256 headers. The file mode writes an ErrorRecord line instead.",
     ),
+}
+
+
+# Who reads each record: the engine reads inputs (producers may send anything the snapshot
+# allowed), other services read outputs (they may rely on anything the snapshot promised).
+DIRECTIONS: dict[str, Direction] = {
+    "retrieval-result": "input",
+    "assembled-prompt": "output",
+    "assembly-audit": "output",
+    "error-record": "output",
 }
 
 
@@ -110,27 +132,155 @@ def asyncapi() -> dict[str, Any]:
     }
 
 
+def _error_body() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["reason", "message"],
+        "properties": {
+            "reason": {"$ref": "#/components/schemas/RejectReason"},
+            "message": {"type": "string"},
+            "request_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        },
+    }
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Rejected"}}},
+    }
+
+
+def openapi() -> dict[str, Any]:
+    """The HTTP endpoint (`context-assembler serve`), its bodies the contract's models."""
+    refs, defs = models_json_schema(
+        [(model, "validation") for model in RECORDS.values()],
+        ref_template="#/components/schemas/{model}",
+    )
+    schemas = dict(defs["$defs"])
+    schemas["Rejected"] = _error_body()
+    schemas["Assembled"] = {
+        "type": "object",
+        "required": ["prompt", "audit"],
+        "properties": {
+            "prompt": refs[(AssembledPrompt, "validation")],
+            "audit": refs[(AssemblyAudit, "validation")],
+        },
+        "description": "The prompt and audit, each byte for byte as the file mode writes it.",
+    }
+    text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+    status = {"type": "object", "additionalProperties": {"type": "boolean"}}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Context Assembler",
+            "version": str(SCHEMA_VERSION),
+            "description": "Same event and policy: same bytes, as in the file mode and on Kafka.",
+        },
+        "paths": {
+            "/v1/assemble": {"post": {
+                "operationId": "assemble",
+                "summary": "One RetrievalResult in, its prompt and audit out.",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": refs[(RetrievalResult, "validation")]}}},
+                "responses": {
+                    "200": {"description": "Assembled.", "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/Assembled"}}}},
+                    "400": _error("Not UTF-8 or not strict JSON (reason json)."),
+                    "413": _error("Body over max_event_bytes (reason limits)."),
+                    "422": _error("Valid JSON that cannot be assembled: schema, limits, a "
+                                  "policy not allowed, a question over the window (budget)."),
+                    "500": _error("A bug in the engine (reason engine)."),
+                    "503": {"description": "Busy: max_pending requests are pending; retry "
+                            "after the Retry-After header's seconds.", "content": {
+                                "application/json": {"schema": {
+                                    "type": "object", "required": ["message"],
+                                    "properties": {"message": {"type": "string"}}}}}},
+                },
+            }},
+            "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics.",
+                                 "responses": {"200": {"description": "Metrics.", **text}}}},
+            "/health": {"get": {"operationId": "health", "summary": "The process answers.",
+                                "responses": {"200": {"description": "Alive.", "content": {
+                                    "application/json": {"schema": {"type": "object"}}}}}}},
+            "/ready": {"get": {"operationId": "ready", "summary": "Accepting requests.",
+                               "responses": {
+                                   "200": {"description": "Ready.", "content": {
+                                       "application/json": {"schema": status}}},
+                                   "503": {"description": "Stopping.", "content": {
+                                       "application/json": {"schema": status}}}}}},
+            "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document.",
+                                      "responses": {"200": {"description": "OpenAPI 3.1."}}}},
+        },
+        "components": {"schemas": schemas},
+    }
+
+
+def canonical(document: dict[str, Any]) -> str:
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
 def rendered() -> dict[Path, str]:
     files = {
-        HERE / f"{name}.schema.json": json.dumps(schema, indent=2, sort_keys=True) + "\n"
-        for name, schema in json_schemas().items()
+        HERE / f"{name}.schema.json": canonical(schema) for name, schema in json_schemas().items()
     }
     # JSON is valid YAML 1.2: the AsyncAPI file needs no YAML writer to stay canonical.
     files[HERE / "asyncapi.yaml"] = json.dumps(asyncapi(), indent=2) + "\n"
+    files[HERE / "openapi.json"] = canonical(openapi())
     return files
+
+
+def snapshot_dir(version: int | None = None) -> Path:
+    """The JSON Schemas as `version` (default: the current one) first published them."""
+    return HISTORY / f"v{SCHEMA_VERSION if version is None else version}"
+
+
+def incompatibilities(
+    current: dict[str, dict[str, Any]], snapshot: Path
+) -> list[str]:
+    """Every way `current` breaks the snapshot of the same schema_version, one line each.
+
+    A record missing from `current` breaks its readers as well.
+    """
+    problems: list[str] = []
+    for name, direction in DIRECTIONS.items():
+        path = snapshot / f"{name}.schema.json"
+        if not path.exists():
+            continue
+        old = json.loads(path.read_text("utf-8"))
+        if name not in current:
+            problems.append(f"{name}: removed")
+            continue
+        problems.extend(f"{name}: {p}" for p in breaking_changes(old, current[name], direction))
+    return problems
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="fail if the files are stale")
+    parser.add_argument("--check", action="store_true",
+                        help="fail if the files are stale or break this schema_version")
     args = parser.parse_args()
+    snapshot = snapshot_dir()
+    breaking = incompatibilities(json_schemas(), snapshot)
+    for problem in breaking:
+        print(f"breaking change within schema_version {SCHEMA_VERSION}: {problem} (raise "
+              "SCHEMA_VERSION in schemas/models.py, or keep the change compatible)",
+              file=sys.stderr)
     stale = [p for p, text in rendered().items() if not p.exists() or p.read_text() != text]
     if args.check:
         for path in stale:
             print(f"stale: {path} (run python -m schemas.generate)", file=sys.stderr)
-        return 1 if stale else 0
+        if not snapshot.exists():
+            print(f"missing: {snapshot} (run python -m schemas.generate)", file=sys.stderr)
+        return 1 if stale or breaking or not snapshot.exists() else 0
+    if breaking:
+        return 1
     for path, text in rendered().items():
         path.write_text(text)
+    if not snapshot.exists():  # a new schema_version: its first schemas are its promise
+        snapshot.mkdir(parents=True)
+        for name, schema in json_schemas().items():
+            (snapshot / f"{name}.schema.json").write_text(canonical(schema))
     return 0
 
 

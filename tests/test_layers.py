@@ -1,7 +1,7 @@
 """The package's layers, checked on the source: every import, module-level or inside a function.
 
     schemas < worker.engine < worker.intake < {worker.filemode, worker.diagnose} < worker.kafka
-    < worker.cli
+    < worker.serve < worker.cli
 
 A module may import from its own room or from a lower layer, never from a higher one nor from
 another room of its own layer (filemode and diagnose do not know each other). The engine is a
@@ -25,7 +25,8 @@ ROOMS: dict[str, int] = {
     "worker.filemode": 3,
     "worker.diagnose": 3,
     "worker.kafka": 4,
-    "worker.cli": 5,
+    "worker.serve": 5,  # the HTTP endpoint: the worker's metrics, no Kafka
+    "worker.cli": 6,
 }
 # The package root only re-exports the engine's version: it lives in the engine's room.
 ALIASES = {"worker": "worker.engine"}

@@ -9,8 +9,8 @@ HEALTHCHECK command is run against a throwaway HTTP server on 127.0.0.1.
 
 from __future__ import annotations
 
+import argparse
 import http.server
-import itertools
 import json
 import os
 import posixpath
@@ -313,12 +313,12 @@ def test_kustomization_lists_every_manifest(k8s: dict[str, dict[str, Any]]) -> N
     resources = [_as_str(r, "resource") for r in _as_list(kustomization["resources"], "res")]
     on_disk = {p.name for p in K8S_DIR.glob("*.yaml")} - {"kustomization.yaml"}
     assert sorted(resources) == sorted(on_disk)
-    assert set(k8s) == {"ConfigMap", "Deployment", "PodDisruptionBudget", "ScaledObject"}
+    assert set(k8s) == {"ConfigMap", "Deployment", "PodDisruptionBudget", "ScaledObject", "Job"}
 
 
 def test_builtin_objects_match_kubernetes_schemas(k8s: dict[str, dict[str, Any]]) -> None:
     kv = pytest.importorskip("kubernetes_validate")
-    for kind in ("Deployment", "ConfigMap", "PodDisruptionBudget"):
+    for kind in ("Deployment", "ConfigMap", "PodDisruptionBudget", "Job"):
         for version in K8S_SCHEMA_VERSIONS:
             # strict: unknown fields (typos such as `readinesProbe`) are errors too.
             kv.validate(k8s[kind], version, strict=True)
@@ -593,35 +593,48 @@ def test_compose_kafka_is_single_node_kraft(
     assert worker_env["ASSEMBLER_BOOTSTRAP_SERVERS"] in advertised
 
 
-def test_compose_topics_creates_exactly_the_workers_topics(
+def _topics_create(args: list[str]) -> argparse.Namespace:
+    """The arguments of a `context-assembler topics create` as the CLI parses them."""
+    from worker.cli.main import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert (parsed.command, parsed.topics_command) == ("topics", "create"), args
+    return parsed
+
+
+def test_compose_topics_runs_topics_create_with_the_workers_settings(
     services: dict[str, dict[str, Any]], worker_env: dict[str, str], partitions: int
 ) -> None:
     topics_service = services["topics"]
-    assert topics_service["image"] == services["kafka"]["image"]
+    assert topics_service["image"] == services["worker"]["image"]
+    assert topics_service["build"] == services["worker"]["build"]
     assert topics_service["depends_on"] == {"kafka": {"condition": "service_healthy"}}
-    command = topics_service["command"]
-    script = "\n".join(command) if isinstance(command, list) else str(command)
+    command = [str(word) for word in _as_list(topics_service["command"], "topics command")]
+    assert "${PARTITIONS:-" in " ".join(command), "partitions must follow ${PARTITIONS}"
+    parsed = _topics_create([_compose_default(word) for word in command])
+    assert parsed.partitions == partitions
+    assert parsed.replication_factor == 1
+    env = _compose_env(topics_service, "topics environment")
+    for name in ("ASSEMBLER_BOOTSTRAP_SERVERS", *TOPIC_SETTINGS):
+        assert env[name] == worker_env[name], name
 
-    created: list[str] = []
-    for line in script.splitlines():
-        words = shlex.split(line)
-        if "--create" not in words:
-            continue
-        assert words[0] == "/opt/kafka/bin/kafka-topics.sh"
-        assert "--if-not-exists" in words, "re-running `up` must not fail"
-        options = {
-            word: value
-            for word, value in itertools.pairwise(words)
-            if word.startswith("--") and not value.startswith("--")
-        }
-        assert options["--bootstrap-server"] == worker_env["ASSEMBLER_BOOTSTRAP_SERVERS"]
-        assert "PARTITIONS" in options["--partitions"], "partitions must follow ${PARTITIONS}"
-        assert _compose_default(options["--partitions"]) == str(partitions)
-        assert options["--replication-factor"] == "1"
-        created.append(options["--topic"])
 
-    expected = [worker_env[name] for name in TOPIC_SETTINGS]
-    assert sorted(created) == sorted(expected)
+def test_k8s_topics_job_runs_topics_create_with_the_workers_settings(
+    k8s: dict[str, dict[str, Any]], k8s_env: dict[str, str], container: dict[str, Any]
+) -> None:
+    job = k8s["Job"]
+    pod = _as_dict(job["spec"]["template"]["spec"], "job pod spec")
+    (job_container,) = _as_list(pod["containers"], "job containers")
+    assert job_container["image"] == container["image"]
+    parsed = _topics_create([_as_str(a, "job args") for a in job_container["args"]])
+    annotations = k8s["ScaledObject"]["metadata"]["annotations"]
+    assert parsed.partitions == int(annotations[PARTITIONS_ANNOTATION])
+    env = _k8s_env(job_container)
+    for name in ("ASSEMBLER_BOOTSTRAP_SERVERS", *TOPIC_SETTINGS):
+        assert env[name] == k8s_env[name], name
+    # The worker's selectors must not count the Job's pods as workers.
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert labels[APP_LABEL[0]] != APP_LABEL[1]
 
 
 # --------------------------------------------------------------------------- Dockerfile

@@ -12,6 +12,7 @@ cache helps), never with a clock budget.
 from __future__ import annotations
 
 import gc
+import importlib
 import random
 import sys
 import threading
@@ -29,6 +30,8 @@ from worker.engine.policy import Policy, policy_from_mapping
 from worker.engine.tokens import get_counter
 from worker.intake.policies import load_preset
 
+# The module, not the function of the same name that worker.engine exports.
+assemble_module = importlib.import_module("worker.engine.assemble")
 MAX_RATIO = 20.0  # hostile text may cost this many times benign text of the same size
 RUNS = 3
 
@@ -232,6 +235,37 @@ def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest
     for cache in (word_cache, count_cache):  # full, and evicting: the cap is what binds
         assert cache.nbytes > cache.max_bytes * 0.9
     assert all(len(text) <= words.WORD_CACHE_MAX_CHARS for text, _ in word_cache._entries)
+
+
+def test_passage_costs_are_charged_for_their_header_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passage costs are kept across requests, keyed by header fields the producer chose:
+    long titles must cost their bytes, and the cap must bind."""
+    costs: SizedCache[tuple[object, ...], tuple[int, int]] = SizedCache(64 * 1024, lambda v: v[1])
+    monkeypatch.setattr(assemble_module, "PASSAGE_COSTS", costs)
+    rng = random.Random(6)
+    for n in range(3):
+        chunks = [
+            chunk(f"c{n}-{i}", prose(rng, 200), title="t" * 5_000 + str(i), section="s" * 3_000)
+            for i in range(20)
+        ]
+        assemble(RetrievalResult(request_id="r", question="pump?", chunks=chunks), Policy())
+    assert costs.nbytes == sum(v[1] for v in costs._entries.values()) <= costs.max_bytes
+    assert all(v[1] > 8_000 for v in costs._entries.values())
+    assert costs.nbytes > costs.max_bytes * 0.8  # full, and evicting
+
+
+def test_a_cached_passage_cost_is_the_cost_of_its_rendering() -> None:
+    """Same chunks, other labels and headers: each rendering is costed as itself."""
+    rng = random.Random(7)
+    chunks = [chunk(f"c{i}", prose(rng, 1_500), doc_id=f"d{i}", title=f"T{i}") for i in range(8)]
+    first = RetrievalResult(request_id="r1", question="pump?", chunks=chunks)
+    again = RetrievalResult(request_id="r2", question="valve?", chunks=chunks)
+    for preset in ("default", "window-8k", "word-estimate", "rank-fidelity"):
+        policy = load_preset(preset)
+        assemble(first, policy)
+        warm = assemble(again, policy)
+        assemble_module.PASSAGE_COSTS.clear()
+        assert assemble(again, policy) == warm, preset
 
 
 def sized(max_bytes: int) -> SizedCache[str, str]:

@@ -6,8 +6,11 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
+from schemas import models
 from schemas.models import RejectReason, RetrievalResult
+from worker.engine import Policy, assemble
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
 
@@ -198,3 +201,35 @@ def test_a_reason_is_one_of_the_rejection_reasons() -> None:
 
 def test_a_rejection_is_one_of_the_projects_errors() -> None:
     assert issubclass(RejectedInput, ContextAssemblerError) and issubclass(RejectedInput, ValueError)
+
+
+def _models() -> list[type[BaseModel]]:
+    return [
+        value for value in vars(models).values()
+        if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == models.__name__
+    ]
+
+
+def test_encode_writes_what_pydantic_json_mode_writes() -> None:
+    """`encode` lets orjson walk the models' fields: that holds only while no model renames,
+    computes or serializes a field its own way."""
+    for model in _models():
+        decorators = model.__pydantic_decorators__
+        assert not decorators.field_serializers and not decorators.model_serializers, model
+        assert not model.model_computed_fields, model
+        assert all(f.alias is None and f.serialization_alias is None for f in model.model_fields.values()), model
+    raw = (b'{"request_id":"r","question":"q \\u00e9?","audience":"staff","as_of":"2026-03-01",'
+           b'"history":[{"role":"user","content":"hi"}],"metadata":{"n":1e300,"x":[1,{"y":null}]},'
+           b'"chunks":[{"chunk_id":"a","text":"Pump\\nA PW-2400 pump, 3 years.","version":"3","score":1,'
+           b'"effective_from":"2025-01-01","effective_to":"2027-12-31","audience":["staff"],'
+           b'"embedding":[0.5,1]},{"chunk_id":"b","text":"Pump\\nA PW-2400 pump, 3 years.","score":0.5}]}')
+    event = decode_event(raw, Limits())
+    assembly = assemble(event, Policy())
+    records: list[BaseModel] = [
+        event, assembly.prompt, assembly.audit, RejectedInput("schema", "m").record("f:1", raw)  # type: ignore[arg-type]
+    ]
+    assert assembly.audit.dropped
+    for record in records:
+        assert encode(record) == orjson.dumps(record.model_dump(mode="json"))
+    with pytest.raises(TypeError):
+        encode(RetrievalResult.model_construct(request_id="r", question="q", chunks={1, 2}))  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The Kafka commands: worker, produce, replay, and explain --kafka.
+"""The Kafka commands: worker, topics, produce, replay, and explain --kafka.
 
 `worker.kafka` (faust, aiokafka) is imported inside each command, so the file commands never
 load a Kafka client.
@@ -7,6 +7,7 @@ load a Kafka client.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -32,6 +33,31 @@ def cmd_worker(_: argparse.Namespace) -> int:
     return run_worker(load_settings())
 
 
+def quiet_kafka_client() -> None:
+    """aiokafka logs each failed connection and each metadata retry for a missing topic;
+    these commands check the broker and the topics themselves and report once."""
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+@command
+def cmd_topics(args: argparse.Namespace) -> int:
+    """topics create: exit 0 when every topic is created or exists as specified, 1 when
+    one exists with other partitions, replication or configs (reported, left as it is)."""
+    import asyncio
+
+    from worker.kafka.settings import load_settings
+    from worker.kafka.topics import create_topics, worker_topics
+
+    quiet_kafka_client()
+    settings = load_settings()
+    servers = args.bootstrap_servers or settings.bootstrap_servers
+    specs = worker_topics(settings, args.partitions, args.replication_factor)
+    reports = asyncio.run(create_topics(servers, specs))
+    for report in reports:
+        print(report.render())
+    return 1 if any(r.status == "differs" for r in reports) else 0
+
+
 @command
 def cmd_produce(args: argparse.Namespace) -> int:
     import asyncio
@@ -39,6 +65,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     from worker.kafka.produce import produce
     from worker.kafka.settings import load_settings
 
+    quiet_kafka_client()
     settings = load_settings()
     servers = args.bootstrap_servers or settings.bootstrap_servers
     topic = args.topic or settings.input_topic

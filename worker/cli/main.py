@@ -12,8 +12,8 @@ import traceback
 from collections.abc import Sequence
 
 from worker import __version__
-from worker.cli import files, kafka
-from worker.cli.common import add_limits, add_policies
+from worker.cli import files, kafka, serve
+from worker.cli.common import add_limits, add_policies, positive
 from worker.diagnose.explain import printable
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.policies import preset_names
@@ -70,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     work = commands.add_parser("worker", help="the Kafka worker (settings: ASSEMBLER_* variables)")
     work.set_defaults(handler=kafka.cmd_worker)
 
+    topics = commands.add_parser("topics", help="the worker's topics")
+    topics_commands = topics.add_subparsers(dest="topics_command", required=True)
+    create = topics_commands.add_parser(
+        "create", help="create the worker's topics (ASSEMBLER_*_TOPIC); exit 1 if one exists "
+        "with other partitions, replication factor or configs")
+    create.add_argument("--partitions", type=positive, default=6, help="default: 6")
+    create.add_argument("--replication-factor", type=positive, default=1, help="default: 1")
+    create.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
+    create.set_defaults(handler=kafka.cmd_topics)
+
     send = commands.add_parser("produce", help="send JSONL events to the input topic")
     send.add_argument("files", nargs="*", help="JSONL files, or - for stdin (the default)")
     send.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
@@ -100,6 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
     rerun.add_argument("--audit-topic", help="default: ASSEMBLER_AUDIT_TOPIC")
     add_limits(rerun)
     rerun.set_defaults(handler=kafka.cmd_replay)
+
+    http = commands.add_parser("serve", help="the HTTP endpoint: POST /v1/assemble")
+    http.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (this machine only)")
+    http.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
+    http.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                      help="JSON log lines on stderr at this level and above (default: INFO)")
+    http.add_argument("--max-pending", type=positive, default=64,
+                      help="requests read or waiting for the engine at once; more get 503 "
+                      "(default: 64)")
+    add_policies(http, policy_help)
+    add_limits(http)
+    http.set_defaults(handler=serve.cmd_serve)
 
     show = commands.add_parser("policy", help="print the resolved policy and its hash")
     show.add_argument("--policy", help=policy_help)

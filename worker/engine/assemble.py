@@ -9,12 +9,16 @@ give the same bytes.
 
 from __future__ import annotations
 
+import operator
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from schemas.models import (
     AssembledPrompt,
     AssemblyAudit,
+    Chunk,
     Citation,
     DroppedChunk,
     DropReason,
@@ -27,6 +31,7 @@ from schemas.models import (
 )
 from worker.engine import budget as budgets
 from worker.engine import render
+from worker.engine.cache import SizedCache, text_key
 from worker.engine.candidate import Candidate
 from worker.engine.compress import extract_relevant
 from worker.engine.dedup import CopyDetector, drop_repeated_ids
@@ -34,7 +39,7 @@ from worker.engine.errors import PromptTooLarge
 from worker.engine.guard import guard
 from worker.engine.order import arrange
 from worker.engine.pack import Packed, pack
-from worker.engine.policy import Policy, RenderPolicy
+from worker.engine.policy import HeaderStyle, Policy, RenderPolicy
 from worker.engine.tokens import EXACT_TOKENIZERS, TokenCounter, get_counter
 from worker.engine.version import __version__
 
@@ -84,6 +89,33 @@ def _plan_budget(
     )
 
 
+# A passage's cost, across requests: a popular chunk is rendered and counted once per
+# (tokenizer, text, label, header fields), not once per request. Keys hold the text's 128-bit
+# hash and the header fields; each entry is charged its fields' sizes, so hostile metadata
+# cannot grow the cache past its bytes.
+PASSAGE_COST_BYTES: Final = 16 * 2**20
+_COST_ENTRY_BYTES: Final = 512  # tuple, int key and value, OrderedDict slot and node
+
+CostKey = tuple[object, ...]
+PASSAGE_COSTS: Final[SizedCache[CostKey, tuple[int, int]]] = SizedCache(
+    PASSAGE_COST_BYTES, operator.itemgetter(1)
+)
+
+
+def _cost_key(counter: str, chunk: Chunk, text: str, label: str, style: HeaderStyle) -> CostKey:
+    """Everything `render.passage` reads: the score only where the header shows it."""
+    score = chunk.score if style == "id_score" else None
+    return (
+        counter, text_key(text), label, style, chunk.chunk_id, chunk.title, chunk.doc_id,
+        chunk.doc_type, chunk.version, chunk.effective_from, chunk.effective_to,
+        chunk.section, chunk.source, score,
+    )
+
+
+def _key_bytes(key: CostKey) -> int:
+    return _COST_ENTRY_BYTES + sum(sys.getsizeof(part) for part in key if isinstance(part, str))
+
+
 class _PassageCosts:
     """A passage costs the tokens of its rendered form; numbered labels are issued only after
     ordering, so it is rendered with the widest label it may get."""
@@ -94,18 +126,32 @@ class _PassageCosts:
         self._widest = render.label_for(policy.labels, max(1, passages), "")
         self._tokens: dict[tuple[int, str], int] = {}
 
+    def _label(self, chunk: Chunk) -> str:
+        return chunk.chunk_id if self._policy.labels == "chunk_id" else self._widest
+
     def rendered(self, candidate: Candidate, text: str) -> str:
         """`text` as the passage of `candidate`, header and (widest) label included."""
         chunk = candidate.chunk
-        label = chunk.chunk_id if self._policy.labels == "chunk_id" else self._widest
-        return render.passage(chunk, text, label, self._policy.header)
+        return render.passage(chunk, text, self._label(chunk), self._policy.header)
 
     def tokens(self, candidate: Candidate, text: str) -> int:
-        """Packing may ask twice (density, the over-budget detail): render and count once."""
+        """Packing may ask twice (density, the over-budget detail), and later requests ask
+        again for popular chunks: render and count once."""
         key = (candidate.rank, text)
-        if key not in self._tokens:
-            self._tokens[key] = self._counter.count(self.rendered(candidate, text))
-        return self._tokens[key]
+        tokens = self._tokens.get(key)
+        if tokens is None:
+            tokens = self._tokens[key] = self._shared_tokens(candidate.chunk, text)
+        return tokens
+
+    def _shared_tokens(self, chunk: Chunk, text: str) -> int:
+        style = self._policy.header
+        key = _cost_key(self._counter.name, chunk, text, self._label(chunk), style)
+        found = PASSAGE_COSTS.get(key)
+        if found is not None:
+            return found[0]
+        tokens = self._counter.count(render.passage(chunk, text, self._label(chunk), style))
+        PASSAGE_COSTS.put(key, (tokens, _key_bytes(key)))
+        return tokens
 
 
 def _pack(

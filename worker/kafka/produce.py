@@ -1,7 +1,9 @@
 """`context-assembler produce FILE`: send JSONL events to the input topic (demos, tests).
 
 Each line is sent as is (bad lines too: that is what the dead-letter topic is for), keyed
-by its request_id when the line is a JSON object that has one.
+by its request_id when the line is a JSON object that has one. The topic is looked up
+first: a missing topic or an unreachable broker is one line for the operator, where the
+producer would retry its metadata for a minute, logging every attempt.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ from collections.abc import Iterable
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
+
+from worker.kafka.topics import UNKNOWN_TOPIC_OR_PARTITION, missing_topic, unreachable
 
 
 def key_of(line: bytes) -> bytes | None:
@@ -21,10 +27,28 @@ def key_of(line: bytes) -> bytes | None:
     return request_id.encode() if isinstance(request_id, str) else None
 
 
+async def check_topic(bootstrap_servers: str, topic: str) -> None:
+    """Raise TopicError unless the broker answers and has `topic`."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000)
+    try:
+        await admin.start()
+        described = await admin.describe_topics([topic])
+    except (KafkaConnectionError, TimeoutError):
+        raise unreachable(bootstrap_servers) from None
+    finally:
+        await admin.close()
+    if any(t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION for t in described) or not described:
+        raise missing_topic(topic)
+
+
 async def produce(bootstrap_servers: str, topic: str, lines: Iterable[bytes]) -> int:
+    await check_topic(bootstrap_servers, topic)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
                                 enable_idempotence=True)
-    await producer.start()
+    try:
+        await producer.start()
+    except KafkaConnectionError:
+        raise unreachable(bootstrap_servers) from None
     sent = 0
     try:
         for line in lines:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import tempfile
 
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.policies import build_registry
@@ -14,6 +15,7 @@ from worker.kafka.observability.metrics import Metrics
 from worker.kafka.records import Handler, handle
 from worker.kafka.runner import EventRunner
 from worker.kafka.settings import Settings
+from worker.kafka.topics import TopicWatch, topic_watch
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +47,27 @@ async def _run_transactional(settings: Settings, runner: EventRunner, metrics: M
     from worker.kafka.transactional import TransactionalWorker
 
     worker = TransactionalWorker(settings, runner)
-    server = HealthServer(metrics.exposition, worker.ready, settings.http_host, settings.http_port)
+    watch = topic_watch(settings)
+
+    def ready() -> bool:
+        return worker.ready() and not watch.missing
+
+    def reason() -> str | None:
+        return not_ready_reason(watch, runner, len(worker.assignment.partitions))
+
+    metrics.ready.set_function(lambda: float(ready()))
+    server = HealthServer(metrics.exposition, ready, settings.http_host, settings.http_port,
+                          reason)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     await server.start()
     log.info("http listening", extra={"port": server.port})
+    watching = asyncio.create_task(watch.run())
     try:
         await worker.run()
     finally:
+        watching.cancel()
         await server.stop()
         runner.close()
 
@@ -61,7 +75,9 @@ async def _run_transactional(settings: Settings, runner: EventRunner, metrics: M
 def _run_faust(settings: Settings, runner: EventRunner, metrics: Metrics) -> None:
     from worker.kafka.faust_app import FaustWorker, build_app
 
-    app = build_app(settings, runner)
+    datadir = tempfile.TemporaryDirectory(prefix="context-assembler-faust-")
+    app = build_app(settings, runner, datadir.name)
+    watch = topic_watch(settings)
 
     def assigned() -> int:
         try:
@@ -69,20 +85,39 @@ def _run_faust(settings: Settings, runner: EventRunner, metrics: Metrics) -> Non
         except Exception:  # not started yet, or stopping
             return 0
 
+    def reason() -> str | None:
+        return not_ready_reason(watch, runner, assigned())
+
     def ready() -> bool:
-        return assigned() > 0 and not runner.blocked
+        return reason() is None
 
     metrics.assigned.set_function(assigned)
+    metrics.ready.set_function(lambda: float(ready()))
+    runner.watch_lag(lambda partition: app.consumer.highwater(partition))  # made on start
 
-    server = HealthServer(metrics.exposition, ready, settings.http_host, settings.http_port)
+    server = HealthServer(metrics.exposition, ready, settings.http_host, settings.http_port,
+                          reason)
 
     @app.task  # type: ignore[untyped-decorator]
     async def serve_http() -> None:
         await server.start()
         log.info("http listening", extra={"port": server.port})
 
+    @app.task  # type: ignore[untyped-decorator]
+    async def watch_topics() -> None:
+        await watch.run()
+
     worker = FaustWorker(app, runner, settings.log_level)
+    worker.spinner = None  # it writes terminal escape codes to stdout, even when not a tty
     try:
         worker.execute_from_commandline()
     finally:
         runner.close()
+        datadir.cleanup()
+
+
+def not_ready_reason(watch: TopicWatch, runner: EventRunner, assigned: int) -> str | None:
+    """Why /ready answers 503, what the operator must fix first; None when ready."""
+    return watch.reason() or runner.blocked or (
+        None if assigned else "no partitions assigned: joining the group, or more workers "
+        "than input partitions")

@@ -11,6 +11,9 @@ small) is retried too, since only an operator can fix it, but logged as an error
 and reported on /ready. A record the broker refuses as too large is not retried as is: the
 topic's limit is learned and the event re-fitted (`records.fit`). On SIGTERM the retries
 end; an event not yet delivered is never acked, so the partition's next owner redoes it.
+
+Each event is in flight from `process` until it is settled: acknowledged (its end-to-end
+latency observed, its span ended) or given up to the next owner (its span ended as an error).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
+from aiokafka import TopicPartition
 from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
@@ -31,9 +36,11 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     UnknownTopicOrPartitionError,
 )
+from opentelemetry.trace import Span
 
 from worker.intake.policies import PolicyRegistry
 from worker.kafka.observability.metrics import Metrics
+from worker.kafka.observability.tracing import Tracing
 from worker.kafka.records import (
     MIN_MESSAGE_BYTES,
     Handler,
@@ -120,9 +127,13 @@ class EventRunner:
         registry: PolicyRegistry,
         metrics: Metrics,
         handler: Handler = handle,  # the benchmark swaps in a passthrough
+        tracing: Tracing | None = None,  # default: from OTEL_EXPORTER_OTLP_ENDPOINT
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.tracing = tracing or Tracing.from_environment()
+        self._spans: dict[tuple[str, int, int], tuple[Span, Span]] = {}  # event's, publish
+        self._positions: dict[tuple[str, int], int] = {}  # next offset to process
         self._handler = handler
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._context = HandlerContext.for_worker(settings, registry)
@@ -142,11 +153,17 @@ class EventRunner:
         return outcome, time.perf_counter() - started
 
     async def process(self, raw: bytes, origin: Origin) -> Outcome:
+        """The event's outcome; the event is in flight until `settle`d."""
         loop = asyncio.get_running_loop()
+        received_ns = time.time_ns() if self.tracing.enabled else 0
         outcome, seconds = await loop.run_in_executor(self._executor, self._handle, raw, origin)
         if self._limits:
             outcome = fit(outcome, raw, origin, self._context, self._limits)
         self.metrics.observe(outcome.assembly, outcome.rejected, seconds)
+        self.metrics.in_flight.inc()
+        self._positions[origin.topic, origin.partition] = origin.offset + 1
+        if self.tracing.enabled:
+            self._trace(origin, outcome, received_ns)
         if outcome.rejected is not None:
             log.warning(
                 "rejected input: %s", outcome.rejected.message,
@@ -161,6 +178,66 @@ class EventRunner:
                                     "tokens": audit.tokens.prompt},
             )
         return outcome
+
+    def _trace(self, origin: Origin, outcome: Outcome, received_ns: int) -> None:
+        """Open the event's span (received to settled), with its assemble step done and its
+        publish step begun."""
+        tracing = self.tracing
+        span = tracing.begin(
+            origin.topic, origin.partition, origin.offset, origin.key, origin.headers,
+            self.settings.group_id, received_ns,
+        )
+        assembled_ns = time.time_ns()
+        tracing.child(span, "assemble", received_ns).end(assembled_ns)
+        tracing.assembled(span, outcome.assembly, outcome.rejected)
+        key = (origin.topic, origin.partition, origin.offset)
+        self._spans[key] = (span, tracing.child(span, "publish", assembled_ns))
+
+    def settle(self, origin: Origin, error: BaseException | None = None) -> None:
+        """The event's outputs were acknowledged (`error` None), or will not be by this
+        worker: no longer in flight."""
+        self.metrics.in_flight.dec()
+        if error is None:
+            self.metrics.acknowledged(origin.timestamp_ms, time.time() * 1000)
+        spans = self._spans.pop((origin.topic, origin.partition, origin.offset), None)
+        if spans is not None:
+            span, publish = spans
+            if error is not None:
+                self.tracing.failed(publish, error)
+                self.tracing.failed(span, error)
+            publish.end()
+            span.end()
+
+    @contextmanager
+    def settling(self) -> Iterator[list[Origin]]:
+        """Settles the events appended to the list, together: acknowledged if the block ends
+        normally (a transaction committed), not delivered if it raises."""
+        origins: list[Origin] = []
+        try:
+            yield origins
+        except BaseException as error:
+            for origin in origins:
+                self.settle(origin, error)
+            raise
+        for origin in origins:
+            self.settle(origin)
+
+    def watch_lag(self, end_offset: Callable[[TopicPartition], int | None]) -> None:
+        """Report consumer lag on scrape: `end_offset` (a consumer's highwater, or its last
+        stable offset under read_committed) minus the next offset to process, for each
+        partition processed here. Revoked partitions (the consumer raises or answers None)
+        are skipped, as are partitions held but not processed yet."""
+
+        def lag() -> Iterator[tuple[str, int, int]]:
+            for (topic, partition), position in list(self._positions.items()):
+                try:
+                    end = end_offset(TopicPartition(topic, partition))
+                except Exception:  # not assigned (any more), or the consumer is stopping
+                    continue
+                if end is not None:
+                    yield topic, partition, max(end - position, 0)
+
+        self.metrics.lag.source = lag
 
     def learn(self, record: OutRecord) -> bool:
         """The broker refused `record` as too large (its topic's max.message.bytes is below
@@ -211,8 +288,16 @@ class EventRunner:
 
         A record refused as too large turns the event into what `fit` makes of it under the
         learned limit: an output_too_large dead letter (the event's other output may already
-        be published: at least once allows it) or a shorter dead letter.
+        be published: at least once allows it) or a shorter dead letter. Settles the event.
         """
+        try:
+            await self._deliver(raw, origin, outcome, send)
+        except BaseException as error:
+            self.settle(origin, error)
+            raise
+        self.settle(origin)
+
+    async def _deliver(self, raw: bytes, origin: Origin, outcome: Outcome, send: Send) -> None:
         refusable = True
         while True:
             records = outcome.records
@@ -277,6 +362,7 @@ class EventRunner:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        self.tracing.shutdown()
 
 
 def _exit_now(grace: float) -> None:

@@ -84,6 +84,7 @@ class TransactionalWorker:
             isolation_level="read_committed",
         )
         consumer.subscribe([settings.input_topic], listener=self.assignment)
+        self.runner.watch_lag(consumer.last_stable_offset)  # read_committed reads up to it
         try:
             await self.runner.retry_forever("connect consumer", consumer.start)
             await self.runner.retry_forever("connect producer", self._producer.start)
@@ -120,18 +121,20 @@ class TransactionalWorker:
     ) -> None:
         producer = self._producer
         try:
-            async with producer.transaction():
-                offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-                sent: list[tuple[OutRecord, asyncio.Future[Any]]] = []
-                for partition, messages in batch.items():
-                    for message in messages:
-                        origin = Origin.from_record(message)
-                        outcome = await self.runner.process(value_of(message), origin)
-                        for record in outcome.records:
-                            sent.append((record, await self._send(producer, record, origin)))
-                    offsets[partition] = OffsetAndMetadata(messages[-1].offset + 1, "")
-                await _delivered(sent)
-                await producer.send_offsets_to_transaction(offsets, self.settings.group_id)
+            with self.runner.settling() as origins:  # acknowledged once committed
+                async with producer.transaction():
+                    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+                    sent: list[tuple[OutRecord, asyncio.Future[Any]]] = []
+                    for partition, messages in batch.items():
+                        for message in messages:
+                            origin = Origin.from_record(message)
+                            outcome = await self.runner.process(value_of(message), origin)
+                            origins.append(origin)
+                            for record in outcome.records:
+                                sent.append((record, await self._send(producer, record, origin)))
+                        offsets[partition] = OffsetAndMetadata(messages[-1].offset + 1, "")
+                    await _delivered(sent)
+                    await producer.send_offsets_to_transaction(offsets, self.settings.group_id)
         except ProducerFenced:
             log.error("another replica took over transactional id %s; stopping",
                       self.settings.effective_transactional_id)

@@ -9,13 +9,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 
 class HealthServer:
-    """`exposition`: the /metrics page (Metrics.exposition); `ready`: what /ready answers."""
+    """`exposition`: the /metrics page (Metrics.exposition); `ready`: what /ready answers;
+    `reason`: why it is not ready, if known (in the 503's body, for the operator)."""
 
     def __init__(
-        self, exposition: Callable[[], bytes], ready: Callable[[], bool], host: str, port: int
+        self, exposition: Callable[[], bytes], ready: Callable[[], bool], host: str, port: int,
+        reason: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._exposition = exposition
         self._ready = ready
+        self._reason = reason
         self._host = host
         self._port = port
         self._runner: web.AppRunner | None = None
@@ -29,8 +32,11 @@ class HealthServer:
         return web.json_response({"status": "ok"})
 
     async def _readiness(self, _: web.Request) -> web.Response:
-        ready = self._ready()
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        if self._ready():
+            return web.json_response({"ready": True})
+        reason = self._reason()
+        body = {"ready": False, **({"reason": reason} if reason else {})}
+        return web.json_response(body, status=503)
 
     async def start(self) -> None:
         app = web.Application()

@@ -1,11 +1,18 @@
 """Prometheus metrics (one registry per worker, names follow _total/_seconds conventions).
 
-Fed with the engine's and the intake's own values, so it knows nothing of Kafka records.
+Fed with the engine's and the intake's own values, so it knows nothing of Kafka records;
+what only a consumer knows (lag, readiness) is sampled on scrape from callbacks the worker
+sets (`lag.source`, `ready.set_function`). deploy/grafana and deploy/prometheus use these
+names; tests/deploy/test_observability_assets.py checks them against this registry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from schemas.models import DropReason
 from worker.engine import Assembly
@@ -49,6 +56,23 @@ class Metrics:
             f"{prefix}_assigned_partitions", "Input partitions assigned to this worker.",
             registry=self.registry,
         )
+        self.ready = Gauge(
+            f"{prefix}_ready", "1 while /ready answers 200, else 0.",
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            f"{prefix}_in_flight_events",
+            "Events taken from the input whose outputs are not yet acknowledged.",
+            registry=self.registry,
+        )
+        self.end_to_end = Histogram(
+            f"{prefix}_end_to_end_latency_seconds",
+            "From the input record's timestamp to its outputs' acknowledgement by the broker.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+            registry=self.registry,
+        )
+        self.lag = LagCollector(f"{prefix}_consumer_lag")
+        self.registry.register(self.lag)
         for outcome in ("assembled", "rejected"):
             self.events.labels(outcome)
         for reason in DropReason:
@@ -76,5 +100,38 @@ class Metrics:
         if audit.abstained:
             self.abstained.inc()
 
+    def acknowledged(self, timestamp_ms: int | None, now_ms: float) -> None:
+        """An event's outputs were acknowledged at `now_ms` (wall clock, never in outputs);
+        a record without a timestamp, or one from the future, is not observed."""
+        if timestamp_ms is not None and now_ms >= timestamp_ms:
+            self.end_to_end.observe((now_ms - timestamp_ms) / 1000)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+LagSource = Callable[[], Iterable[tuple[str, int, int]]]
+
+
+class LagCollector(Collector):
+    """Consumer lag per input partition, sampled on scrape: `source` yields (topic,
+    partition, lag) for the partitions the worker holds. Without a source: no samples."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source: LagSource = tuple
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        for topic, partition, lag in self.source():
+            family.add_metric([topic, str(partition)], lag)
+        yield family
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            self.name, "Records in the partition past the worker's position (highwater - next "
+            "offset to process).", labels=["topic", "partition"],
+        )

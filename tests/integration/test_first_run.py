@@ -1,0 +1,154 @@
+"""A new user's first run, on a real broker: topics, produce, the worker, and the README.
+
+The README's worker quick start is run word for word by scripts/quickstart.sh, on a broker
+of its own (as `make broker-start` starts it), so the README stays true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from tests.support.broker import Broker
+from tests.support.worker import Topics, WorkerProcess
+from worker.kafka.settings import Settings
+from worker.kafka.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
+
+pytestmark = pytest.mark.kafka
+REPO = Path(__file__).resolve().parents[2]
+CREATE = "create it with `context-assembler topics create`"
+
+
+def cli(broker: Broker, topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ASSEMBLER_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+           "ASSEMBLER_INPUT_TOPIC": topics.input, "ASSEMBLER_PROMPTS_TOPIC": topics.prompts,
+           "ASSEMBLER_AUDIT_TOPIC": topics.audit, "ASSEMBLER_DLQ_TOPIC": topics.dlq}
+    return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+async def described(broker: Broker, names: list[str]) -> dict[str, tuple[int, dict[str, str]]]:
+    """name -> (partitions, configs) as the broker has them."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    await admin.start()
+    try:
+        partitions = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(names)}
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in names])
+    finally:
+        await admin.close()
+    configs = {
+        resource["resource_name"]: {e["config_names"]: e["config_value"]
+                                    for e in resource["config_entries"]}
+        for response in responses for resource in response.to_object()["resources"]
+    }
+    return {name: (partitions[name], configs[name]) for name in names}
+
+
+async def test_topics_create_is_idempotent_and_reports_what_differs(broker: Broker) -> None:
+    topics = Topics.fresh()
+    names = [topics.input, topics.prompts, topics.audit, topics.dlq]
+
+    first = cli(broker, topics, "topics", "create", "--partitions", "2")
+    assert (first.returncode, first.stderr) == (0, "")
+    assert first.stdout.splitlines() == [f"created  {name}" for name in names]
+    found = await described(broker, names)
+    for name in names:
+        partitions, configs = found[name]
+        assert partitions == 2
+        assert configs["max.message.bytes"] == str(Settings().max_message_bytes)
+        long_kept = name in (topics.audit, topics.dlq)
+        assert configs["retention.ms"] == str(LONG_RETENTION_MS if long_kept
+                                              else OUTPUT_RETENTION_MS)
+
+    again = cli(broker, topics, "topics", "create", "--partitions", "2")
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout.splitlines() == [f"exists   {name}" for name in names]
+
+    other = cli(broker, topics, "topics", "create", "--partitions", "3")
+    assert other.returncode == 1
+    assert other.stdout.splitlines() == [f"differs  {name}: partitions 2 (wanted 3)"
+                                         for name in names]
+    assert (await described(broker, names))[topics.input][0] == 2, "left as it was"
+
+
+async def test_a_topic_with_other_configs_is_reported(broker: Broker) -> None:
+    topics = Topics.fresh()
+    await broker.create_topics({topics.dlq: 6}, configs={"max.message.bytes": "100000"})
+    result = cli(broker, topics, "topics", "create")
+    assert result.returncode == 1
+    assert (f"differs  {topics.dlq}: max.message.bytes 100000 (wanted 1048576); "
+            f"retention.ms 604800000 (wanted {LONG_RETENTION_MS})") in result.stdout.splitlines()
+    assert f"created  {topics.input}" in result.stdout.splitlines()
+
+
+def test_produce_to_a_missing_topic_is_one_line(broker: Broker) -> None:
+    topics = Topics.fresh()
+    result = cli(broker, topics, "produce", "examples/events.jsonl")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == f"context-assembler: topic {topics.input} does not exist; {CREATE}\n"
+
+
+def test_a_worker_without_its_topics_says_why_it_is_not_ready(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """One clear log line and /ready's reason; JSON logs without terminal escape codes; the
+    temp dir faust insists on is gone after SIGTERM."""
+    topics = Topics.fresh()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    log_path = tmp_path / "worker.log"
+    worker = WorkerProcess(broker, topics, log_path, extra_env={"TMPDIR": str(temp)}).start()
+    try:
+        deadline = time.monotonic() + 60
+        body: dict[str, object] = {}
+        while "reason" not in body and time.monotonic() < deadline:
+            assert worker.alive(), worker.log_tail()
+            try:
+                status, raw = worker.get("/ready")
+                body = json.loads(raw)
+            except OSError:
+                status = 0
+            time.sleep(0.2)
+        assert status == 503, worker.log_tail()
+        assert body["reason"] == (f"missing topics: {topics.input}, {topics.prompts}, "
+                                  f"{topics.audit}, {topics.dlq}; create them with "
+                                  "`context-assembler topics create`")
+        assert faust_dirs(temp), "the worker's temp dir is where this test looks"
+        time.sleep(6)  # another check of the topics: logged once all the same
+    finally:
+        assert worker.stop() == 0, worker.log_tail()
+    output = log_path.read_bytes()
+    assert b"\x1b" not in output
+    entries = [json.loads(line) for line in output.splitlines()]  # every line is JSON
+    about_input = [e for e in entries
+                   if e["logger"] == "worker.kafka.topics" and e.get("topic") == topics.input]
+    assert [e["message"] for e in about_input] == [
+        f"topic {topics.input} does not exist; {CREATE}"]
+    assert faust_dirs(temp) == []
+
+
+def faust_dirs(temp: Path) -> list[Path]:
+    return list(temp.glob("context-assembler-faust-*"))
+
+
+def test_the_readme_quick_start_works_word_for_word(tmp_path: Path) -> None:
+    """On a broker of its own, started by `make broker-start` as a new user would."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("ASSEMBLER_", "KAFKA_DIR"))}
+    # The venv is this one, already installed: make must not reinstall it under other tests.
+    env["MAKEFLAGS"] = "-o .venv/bin/context-assembler"
+    result = subprocess.run(["bash", "scripts/quickstart.sh", str(tmp_path)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sent 8 events to retrieval.results" in result.stdout
+    assert "the worker assembled 8 events" in result.stdout

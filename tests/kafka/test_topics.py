@@ -1,0 +1,150 @@
+"""The worker's topics: what `topics create` asks for, and how a missing one is reported.
+
+Against a real broker: tests/integration/test_first_run.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.error
+import urllib.request
+from typing import Any, ClassVar
+
+import pytest
+
+from worker.cli.main import main
+from worker.kafka import topics
+from worker.kafka.observability.http import HealthServer
+from worker.kafka.settings import Settings
+from worker.kafka.topics import TopicReport, TopicWatch, topic_watch, worker_topics
+
+CLOSED_PORT = "127.0.0.1:9"  # discard: nothing listens there
+
+
+def test_worker_topics_follow_the_settings() -> None:
+    settings = Settings(input_topic="in", prompts_topic="out", audit_topic="audit",
+                        dlq_topic="dlq", max_message_bytes=2_000_000)
+    specs = {spec.name: spec for spec in worker_topics(settings, 12, 3)}
+    assert list(specs) == ["in", "out", "audit", "dlq"]
+    for spec in specs.values():
+        assert (spec.partitions, spec.replication_factor) == (12, 3)
+        # The broker must accept every record the worker allows itself to send.
+        assert spec.configs["max.message.bytes"] == "2000000"
+    retention = {name: int(spec.configs["retention.ms"]) for name, spec in specs.items()}
+    assert retention["audit"] == retention["dlq"] > retention["in"] == retention["out"]
+
+
+def test_the_watch_covers_every_worker_topic() -> None:
+    settings = Settings()
+    assert topic_watch(settings).topics == [s.name for s in worker_topics(settings, 1, 1)]
+
+
+def test_a_report_names_what_differs() -> None:
+    assert TopicReport("in", "created").render() == "created  in"
+    assert (TopicReport("in", "differs", ("partitions 3 (wanted 6)", "retention.ms 1 (wanted 2)"))
+            .render() == "differs  in: partitions 3 (wanted 6); retention.ms 1 (wanted 2)")
+
+
+class FakeAdmin:
+    """describe_topics answers from `existing`, which the test changes as it goes."""
+
+    existing: ClassVar[set[str]] = set()
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
+        return [{"topic": name, "partitions": [],
+                 "error_code": 0 if name in self.existing else topics.UNKNOWN_TOPIC_OR_PARTITION}
+                for name in names]
+
+
+async def until(predicate: Any) -> None:
+    async with asyncio.timeout(5):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_missing_topic_is_logged_once_and_is_the_ready_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(topics, "AIOKafkaAdminClient", FakeAdmin)
+    monkeypatch.setattr(FakeAdmin, "existing", {"out"})
+    watch = TopicWatch("broker:9092", ["in", "out"], interval=0.01)
+    server = HealthServer(lambda: b"", lambda: not watch.missing, "127.0.0.1", 0, watch.reason)
+    await server.start()
+    caplog.set_level(logging.INFO, logger="worker.kafka.topics")
+    watching = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: watch.missing == ("in",))
+        await asyncio.sleep(0.1)  # several more checks
+        status, body = await asyncio.to_thread(get, server.port, "/ready")
+        assert status == 503
+        assert body == {"ready": False, "reason": "missing topics: in; create them with "
+                                                  "`context-assembler topics create`"}
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert errors == ["topic in does not exist; create it with "
+                          "`context-assembler topics create`"]
+
+        FakeAdmin.existing = {"in", "out"}
+        await until(lambda: not watch.missing)
+        assert watch.reason() is None
+        assert await asyncio.to_thread(get, server.port, "/ready") == (200, {"ready": True})
+        assert "every topic exists now" in caplog.text
+    finally:
+        watching.cancel()
+        await server.stop()
+
+
+def get(port: int | None, path: str) -> tuple[int, object]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize("argv", [
+    ["topics", "create", "--bootstrap-servers", CLOSED_PORT],
+    ["produce", "--bootstrap-servers", CLOSED_PORT, "examples/events.jsonl"],
+])
+def test_an_unreachable_broker_is_one_line_and_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (f"context-assembler: cannot reach the Kafka broker at {CLOSED_PORT} "
+                   "(bootstrap servers: --bootstrap-servers or ASSEMBLER_BOOTSTRAP_SERVERS)\n")
+
+
+def test_topics_create_takes_partitions_and_replication_factor() -> None:
+    from worker.cli.main import build_parser
+
+    args = build_parser().parse_args(["topics", "create"])
+    assert (args.partitions, args.replication_factor) == (6, 1)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["topics", "create", "--partitions", "0"])
+
+
+def test_ready_gives_first_the_reason_an_operator_must_fix() -> None:
+    from types import SimpleNamespace
+
+    from worker.kafka.run import not_ready_reason
+
+    watch = TopicWatch("broker:9092", ["in"])
+    stuck = SimpleNamespace(blocked="prompts: TopicAuthorizationFailedError")
+    flowing = SimpleNamespace(blocked=None)
+    assert not_ready_reason(watch, flowing, 3) is None  # type: ignore[arg-type]
+    assert not_ready_reason(watch, flowing, 0).startswith("no partitions assigned")  # type: ignore[arg-type, union-attr]
+    assert not_ready_reason(watch, stuck, 3) == stuck.blocked  # type: ignore[arg-type]
+    watch.missing = ("in",)
+    assert not_ready_reason(watch, stuck, 0) == watch.reason()  # type: ignore[arg-type]

@@ -1,0 +1,65 @@
+"""The generated files follow the models, and a schema_version keeps its promise."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas import generate
+from schemas.generate import incompatibilities, json_schemas, rendered, snapshot_dir
+from schemas.models import SCHEMA_VERSION
+
+
+def test_generated_schema_files_match_the_models() -> None:
+    stale = [path.name for path, text in rendered().items()
+             if not path.exists() or path.read_text() != text]
+    assert stale == [], f"run `python -m schemas.generate`: {stale}"
+
+
+def test_the_current_schemas_keep_the_promise_of_their_version() -> None:
+    assert snapshot_dir().is_dir(), "run `python -m schemas.generate`"
+    assert incompatibilities(json_schemas(), snapshot_dir()) == []
+
+
+def _breaking(schemas: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The current schemas with a new required input field and a removed output field."""
+    changed = copy.deepcopy(schemas)
+    changed["retrieval-result"]["required"].append("tenant")
+    changed["retrieval-result"]["properties"]["tenant"] = {"type": "string"}
+    del changed["assembly-audit"]["properties"]["history_turns_dropped"]
+    return changed
+
+
+def test_a_breaking_change_within_the_version_is_named() -> None:
+    problems = incompatibilities(_breaking(json_schemas()), snapshot_dir())
+    assert problems == [
+        "retrieval-result: tenant: required by new, not by old",
+        "assembly-audit: history_turns_dropped: field removed",
+    ]
+
+
+def test_check_fails_on_a_breaking_change_and_passes_once_the_version_is_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = tmp_path / "history"
+    shutil.copytree(snapshot_dir(), history / f"v{SCHEMA_VERSION}")
+    monkeypatch.setattr(generate, "HISTORY", history)
+    monkeypatch.setattr(generate, "HERE", tmp_path)
+    monkeypatch.setattr(generate, "json_schemas", lambda: _breaking(json_schemas()))
+    monkeypatch.setattr("sys.argv", ["generate"])
+    assert generate.main() == 1  # refuses to write files that break v1
+    assert "breaking change within schema_version 1: retrieval-result: tenant" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "retrieval-result.schema.json").exists()
+
+    monkeypatch.setattr(generate, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    assert generate.main() == 0  # a new version: written, and its snapshot recorded
+    recorded = history / f"v{SCHEMA_VERSION + 1}" / "retrieval-result.schema.json"
+    assert "tenant" in json.loads(recorded.read_text())["required"]
+    monkeypatch.setattr("sys.argv", ["generate", "--check"])
+    assert generate.main() == 0

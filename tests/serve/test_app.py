@@ -1,0 +1,241 @@
+"""The HTTP endpoint on a real socket (127.0.0.1, a free port): the file mode's bytes,
+a JSON reason for every rejection, the worker's metrics, and its OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from schemas.generate import openapi
+from tests.factories import EXAMPLES
+from tests.test_layers import PROJECT_IMPORTS
+from worker import filemode
+from worker.engine import Assembly
+from worker.intake.codec import Limits
+from worker.intake.handle import assemble_bytes
+from worker.intake.policies import PolicyRegistry, build_registry
+from worker.serve.app import Server, Service
+
+LIMITS = Limits(max_event_bytes=64 * 1024, max_chunks=20, max_chunk_chars=5000)
+LINES = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
+GOOD = LINES[1]  # q30-customer
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Service, str]]:
+    service = Service(build_registry(None, ["window-8k"]), LIMITS)
+    server = Server(service, "127.0.0.1", 0)
+    await server.start()
+    try:
+        yield service, f"http://127.0.0.1:{server.port}"
+    finally:
+        await server.stop()
+
+
+async def post(url: str, data: bytes, **headers: str) -> tuple[int, bytes, dict[str, str]]:
+    async with aiohttp.ClientSession() as session, session.post(
+        f"{url}/v1/assemble", data=data, headers=headers
+    ) as response:
+        return response.status, await response.read(), dict(response.headers)
+
+
+async def get(url: str, path: str) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}{path}") as response:
+        return response.status, await response.read()
+
+
+def file_mode(registry_allowed: list[str]) -> list[bytes]:
+    """{"prompt": ..., "audit": ...} for each example line, from the file mode's own output."""
+    prompts, audits, errors = io.BytesIO(), io.BytesIO(), io.BytesIO()
+    filemode.run([("events.jsonl", io.BytesIO(b"\n".join(LINES)))],
+                 build_registry(None, registry_allowed), LIMITS,
+                 prompts=prompts, audits=audits, errors=errors)
+    assert errors.getvalue() == b""
+    return [b'{"prompt":' + p + b',"audit":' + a + b"}" for p, a in
+            zip(prompts.getvalue().splitlines(), audits.getvalue().splitlines(), strict=True)]
+
+
+async def test_every_example_gives_the_file_modes_bytes(served: tuple[Service, str]) -> None:
+    _, url = served
+    expected = file_mode(["window-8k"])
+    assert len(expected) == len(LINES) == 8
+    for line, want in zip(LINES, expected, strict=True):
+        status, body, headers = await post(url, line, **{"Content-Type": "application/json"})
+        assert (status, body) == (200, want)
+        assert headers["Content-Type"].startswith("application/json")
+        parsed = json.loads(body)
+        assert parsed["prompt"]["request_id"] == parsed["audit"]["request_id"]
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "reason", "says"),
+    [
+        (b"{bad", 400, "json", "not valid JSON"),
+        (b'{"request_id": "a", "request_id": "b", "question": "q"}', 400, "json", "duplicate key"),
+        (b"\xff\xfe", 400, "json", "UTF-8"),
+        (b'{"request_id": "r", "chunks": []}', 422, "schema", "question"),
+        (b'{"request_id": "r", "question": "q", "history": [{"role": "system", "content": "x"}]}',
+         422, "schema", "history"),
+        (json.dumps({"request_id": "r", "question": "q",
+                     "chunks": [{"chunk_id": f"c{i}", "text": "t"} for i in range(21)]}).encode(),
+         422, "limits", "max_chunks=20"),
+        (json.dumps({"request_id": "r", "question": "q",
+                     "chunks": [{"chunk_id": "c", "text": "t" * 5001}]}).encode(),
+         422, "limits", "max_chunk_chars=5000"),
+        (b'{"request_id": "r", "question": "q", "policy": "rank-fidelity"}', 422, "policy",
+         "not allowed"),
+        (b" " * (64 * 1024 + 1), 413, "limits", "max_event_bytes=65536"),
+    ],
+    ids=["json", "duplicate-key", "utf8", "schema", "system-history", "max-chunks",
+         "chunk-chars", "policy", "oversized"],
+)
+async def test_bad_input_is_a_4xx_with_its_reason(
+    served: tuple[Service, str], data: bytes, status: int, reason: str, says: str
+) -> None:
+    _, url = served
+    got, body, _ = await post(url, data)
+    error = json.loads(body)
+    assert (got, error["reason"]) == (status, reason)
+    assert says in error["message"]
+    assert set(error) == {"reason", "message", "request_id"}
+
+
+async def test_an_oversized_chunked_body_is_refused_without_a_length(
+    served: tuple[Service, str],
+) -> None:
+    _, url = served
+
+    async def stream() -> AsyncIterator[bytes]:  # no Content-Length: read until over the limit
+        for _ in range(100):
+            yield b" " * 1024
+
+    async with aiohttp.ClientSession() as session, session.post(
+        f"{url}/v1/assemble", data=stream()
+    ) as response:
+        assert response.status == 413
+        error = await response.json()
+    assert error["reason"] == "limits"
+    assert "longer" in error["message"]
+
+
+async def test_an_engine_bug_is_a_500_and_the_next_request_is_served(
+    served: tuple[Service, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = served
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("worker.intake.handle.assemble", broken)
+    status, body, _ = await post(url, GOOD)
+    assert status == 500
+    assert json.loads(body) == {"reason": "engine", "message": "RuntimeError: boom",
+                                "request_id": "q30-customer"}
+    monkeypatch.undo()
+    assert (await post(url, GOOD))[0] == 200
+
+
+async def test_requests_over_max_pending_get_503_until_the_engine_frees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    def held(raw: bytes, registry: PolicyRegistry, limits: Limits) -> Assembly:
+        entered.set()
+        release.wait(10)
+        return assemble_bytes(raw, registry, limits)
+
+    monkeypatch.setattr("worker.serve.app.assemble_bytes", held)
+    service = Service(build_registry(None), LIMITS, max_pending=1)
+    server = Server(service, "127.0.0.1", 0)
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        first = asyncio.create_task(post(url, GOOD))
+        await asyncio.to_thread(entered.wait, 10)
+        status, body, headers = await post(url, GOOD)
+        assert (status, headers["Retry-After"]) == (503, "1")
+        assert "busy" in json.loads(body)["message"]
+        release.set()
+        assert (await first)[0] == 200
+        assert (await post(url, GOOD))[0] == 200
+    finally:
+        release.set()
+        await server.stop()
+
+
+async def test_metrics_count_requests_by_outcome(served: tuple[Service, str]) -> None:
+    service, url = served
+    await post(url, GOOD)
+    await post(url, GOOD)
+    await post(url, b"{bad")
+    await post(url, b" " * (64 * 1024 + 1))
+    status, page = await get(url, "/metrics")
+    assert status == 200
+    text = page.decode()
+    assert 'context_assembler_events_total{outcome="assembled"} 2.0' in text
+    assert 'context_assembler_events_total{outcome="rejected"} 2.0' in text
+    assert 'context_assembler_chunks_total{decision="access_denied"} 2.0' in text
+    samples = service.metrics.registry.get_sample_value
+    assert samples("context_assembler_assembly_duration_seconds_count") == 4
+
+
+async def test_health_ready_and_the_openapi_document(served: tuple[Service, str]) -> None:
+    service, url = served
+    assert await get(url, "/health") == (200, b'{"status": "ok"}')
+    assert await get(url, "/ready") == (200, b'{"ready": true}')
+    status, document = await get(url, "/openapi.json")
+    assert status == 200
+    assert json.loads(document) == openapi()
+    service.ready = False
+    assert (await get(url, "/ready"))[0] == 503
+
+
+async def test_a_valid_traceparent_comes_back_and_a_forged_one_does_not(
+    served: tuple[Service, str],
+) -> None:
+    _, url = served
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert (await post(url, GOOD, traceparent=trace))[2]["traceparent"] == trace
+    assert "traceparent" not in (await post(url, GOOD, traceparent="00-not-a-trace"))[2]
+
+
+def test_the_openapi_document_names_the_contracts_models() -> None:
+    document = openapi()
+    operation = document["paths"]["/v1/assemble"]["post"]
+    assert document["openapi"] == "3.1.0"
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/RetrievalResult"}
+    assembled = document["components"]["schemas"]["Assembled"]["properties"]
+    assert assembled == {"prompt": {"$ref": "#/components/schemas/AssembledPrompt"},
+                         "audit": {"$ref": "#/components/schemas/AssemblyAudit"}}
+    assert {"200", "400", "413", "422"} <= set(operation["responses"])
+    for ref in _refs(document):  # every reference resolves inside the document
+        target: Any = document
+        for part in ref.removeprefix("#/").split("/"):
+            target = target[part]
+
+
+def _refs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [ref for value in node.values() for ref in _refs(value)]
+    if isinstance(node, list):
+        return [ref for value in node for ref in _refs(value)]
+    return []
+
+
+def test_the_endpoint_imports_only_the_workers_sensors_of_kafka() -> None:
+    kafka = [str(found) for found in PROJECT_IMPORTS
+             if found.importer.startswith("worker.serve")
+             and found.target.startswith("worker.kafka")
+             and not found.target.startswith("worker.kafka.observability")]
+    assert kafka == []

@@ -1,0 +1,51 @@
+"""`context-assembler serve` as an operator starts it: a real process on a free port."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.factories import EXAMPLES
+
+
+def test_serve_answers_then_stops_on_sigterm() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "serve", "--port", "0", "--max-event-bytes", "100000"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert process.stderr is not None
+        banner = process.stderr.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/v1/assemble", banner)
+        assert found, banner
+        url = f"http://127.0.0.1:{found.group(1)}/v1/assemble"
+        good = (EXAMPLES / "events.jsonl").read_bytes().splitlines()[0]
+        with urllib.request.urlopen(urllib.request.Request(url, data=good)) as response:
+            assert response.status == 200
+            assert b'"request_id":"q30-staff"' in response.read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, data=b" " * 100_001))
+        assert refused.value.code == 413
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        logged = [json.loads(line) for line in process.stderr.read().splitlines()]
+        assert [(entry["level"], entry["reason"]) for entry in logged] == [("WARNING", "limits")]
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_serve_refuses_a_bad_policy_before_listening() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "serve", "--port", "0", "--policy", "no-such"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    assert "no-such" in done.stderr

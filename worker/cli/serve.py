@@ -1,0 +1,36 @@
+"""`context-assembler serve`: the HTTP endpoint until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from worker.cli.common import command, limits, note
+from worker.intake.policies import build_registry
+from worker.kafka.observability import logs
+from worker.serve.app import ASSEMBLE_PATH, Server, Service
+
+
+async def _serve(server: Server, host: str) -> None:
+    await server.start()
+    note(f"serving POST http://{host}:{server.port}{ASSEMBLE_PATH} (and /openapi.json, "
+         "/metrics, /health, /ready); Ctrl-C stops")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()  # lets requests in flight finish, then stops the engine thread
+
+
+@command
+def cmd_serve(args: argparse.Namespace) -> int:
+    logs.configure(args.log_level)  # JSON lines: a rejection quotes untrusted text
+    registry = build_registry(args.policy, args.allow_policy)
+    service = Service(registry, limits(args), max_pending=args.max_pending)
+    server = Server(service, args.host, args.port)
+    asyncio.run(_serve(server, args.host))
+    return 0

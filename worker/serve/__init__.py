@@ -1,0 +1,1 @@
+"""The HTTP endpoint: `POST /v1/assemble` for chat backends that do not speak Kafka."""
