@@ -211,6 +211,14 @@ async def test_sigterm_stops_the_worker_while_dead_letters_are_refused(
                for e in errors), worker.log_tail()
 
 
+def assigned(worker: WorkerProcess) -> float:
+    """Partitions the worker holds; 0 until its HTTP server answers."""
+    try:
+        return worker.metric("context_assembler_assigned_partitions")
+    except OSError:
+        return 0.0
+
+
 @pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_sigterm_stops_the_worker_while_the_prompts_topic_is_missing(
     broker: Broker, logs: Path, guarantee: str
@@ -220,7 +228,10 @@ async def test_sigterm_stops_the_worker_while_the_prompts_topic_is_missing(
     worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
                            extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
     try:
-        worker.wait_ready()
+        # Not ready, and saying why: the prompts topic is missing. It still takes its input.
+        await wait_for(lambda: assigned(worker) >= 1, timeout=90)
+        status, body = worker.get("/ready")
+        assert status == 503 and topics.prompts in body.decode(), body
         await produce(broker, topics.input, keyed(events(20)))
         await wait_for(
             lambda: worker.metric('context_assembler_events_total{outcome="assembled"}') >= 1)

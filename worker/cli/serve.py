@@ -1,18 +1,26 @@
-"""`context-assembler serve`: the HTTP endpoint until SIGINT or SIGTERM."""
+"""`context-assembler serve`: the HTTP endpoint until SIGINT or SIGTERM.
+
+The server's modules (aiohttp, the worker's metrics) are imported inside the command, so
+the file commands never load them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import signal
+from typing import TYPE_CHECKING
 
 from worker.cli.common import command, limits, note
 from worker.intake.policies import build_registry
-from worker.kafka.observability import logs
-from worker.serve.app import ASSEMBLE_PATH, Server, Service
+
+if TYPE_CHECKING:
+    from worker.serve.app import Server
 
 
 async def _serve(server: Server, host: str) -> None:
+    from worker.serve.app import ASSEMBLE_PATH
+
     await server.start()
     note(f"serving POST http://{host}:{server.port}{ASSEMBLE_PATH} (and /openapi.json, "
          "/metrics, /health, /ready); Ctrl-C stops")
@@ -28,6 +36,9 @@ async def _serve(server: Server, host: str) -> None:
 
 @command
 def cmd_serve(args: argparse.Namespace) -> int:
+    from worker.kafka.observability import logs
+    from worker.serve.app import Server, Service
+
     logs.configure(args.log_level)  # JSON lines: a rejection quotes untrusted text
     registry = build_registry(args.policy, args.allow_policy)
     service = Service(registry, limits(args), max_pending=args.max_pending)
