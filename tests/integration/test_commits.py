@@ -111,6 +111,10 @@ async def test_sigkill_never_commits_past_an_undelivered_event(
     first.wait_ready()
     await produce(broker, topics.input, keyed(lines))
     await wait_for(lambda: first.metric(ASSEMBLED) >= 60)
+    for _ in range(100):  # kill once a commit has landed, so there is something to check
+        if sum((await committed_offsets(broker, topics.group, topics.input)).values()):
+            break
+        await asyncio.sleep(0.05)
     first.kill()  # no goodbye, no final commit
     committed = await committed_offsets(broker, topics.group, topics.input)
     prompts = await read_topic(broker, topics.prompts, until=0, timeout=3)
