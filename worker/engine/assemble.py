@@ -122,7 +122,7 @@ class _PassageCosts:
 
     def __init__(self, policy: RenderPolicy, counter: TokenCounter, *, passages: int) -> None:
         self._policy = policy
-        self._counter = counter
+        self.counter = counter
         self._widest = render.label_for(policy.labels, max(1, passages), "")
         self._tokens: dict[tuple[int, str], int] = {}
 
@@ -145,11 +145,11 @@ class _PassageCosts:
 
     def _shared_tokens(self, chunk: Chunk, text: str) -> int:
         style = self._policy.header
-        key = _cost_key(self._counter.name, chunk, text, self._label(chunk), style)
+        key = _cost_key(self.counter.name, chunk, text, self._label(chunk), style)
         found = PASSAGE_COSTS.get(key)
         if found is not None:
             return found[0]
-        tokens = self._counter.count(render.passage(chunk, text, self._label(chunk), style))
+        tokens = self.counter.count(render.passage(chunk, text, self._label(chunk), style))
         PASSAGE_COSTS.put(key, (tokens, _key_bytes(key)))
         return tokens
 
@@ -215,10 +215,16 @@ def _fit_window(
     if plan.prompt_limit is None:
         return _Fitted(kept, plan.history, plan.history_dropped, [])
     history, early = _fit_history(plan.history, bare, plan.prompt_limit, policy, exact)
+
+    def exact_tokens(item: Packed) -> int:
+        """Packing counted each passage already; only an estimate needs a recount."""
+        if exact is costs.counter:
+            return item.tokens
+        return exact.count(costs.rendered(item.candidate, item.text))
+
     fits, shed = _shed_to_fit(
         kept, plan.prompt_limit - _prompt_tokens(history, bare, policy, exact), exact,
-        cost_of=lambda item: costs.rendered(item.candidate, item.text),
-        separator=policy.render.separator,
+        exact_tokens, separator=policy.render.separator,
     )
     return _Fitted(fits, history, plan.history_dropped + early, shed)
 
@@ -377,7 +383,7 @@ def _shed_to_fit(
     kept: list[Packed],
     room: int,
     exact: TokenCounter,
-    cost_of: Callable[[Packed], str],
+    exact_tokens: Callable[[Packed], int],
     separator: str,
 ) -> tuple[list[Packed], list[DroppedChunk]]:
     """Keep the longest prefix of the chosen passages whose exact counts fit `room`.
@@ -388,7 +394,7 @@ def _shed_to_fit(
     separator_tokens = exact.count(separator)
     used, fits = 0, 0
     for item in kept:
-        used += exact.count(cost_of(item)) + (separator_tokens if fits else 0)
+        used += exact_tokens(item) + (separator_tokens if fits else 0)
         if used > room:
             break
         fits += 1
