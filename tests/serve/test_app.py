@@ -12,6 +12,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from schemas.generate import openapi
 from tests.factories import EXAMPLES
@@ -21,6 +24,7 @@ from worker.engine import Assembly
 from worker.intake.codec import Limits
 from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry, build_registry
+from worker.kafka.observability.tracing import Tracing
 from worker.serve.app import Server, Service
 
 LIMITS = Limits(max_event_bytes=64 * 1024, max_chunks=20, max_chunk_chars=5000)
@@ -186,6 +190,10 @@ async def test_metrics_count_requests_by_outcome(served: tuple[Service, str]) ->
     assert 'context_assembler_chunks_total{decision="access_denied"} 2.0' in text
     samples = service.metrics.registry.get_sample_value
     assert samples("context_assembler_assembly_duration_seconds_count") == 4
+    # answered with an error, not dead-lettered: nothing in the worker's DLQ counter
+    assert samples("context_assembler_http_rejections_total", {"reason": "json"}) == 1
+    assert samples("context_assembler_http_rejections_total", {"reason": "limits"}) == 1
+    assert samples("context_assembler_dlq_records_total", {"reason": "json"}) is None
 
 
 async def test_health_ready_and_the_openapi_document(served: tuple[Service, str]) -> None:
@@ -195,8 +203,10 @@ async def test_health_ready_and_the_openapi_document(served: tuple[Service, str]
     status, document = await get(url, "/openapi.json")
     assert status == 200
     assert json.loads(document) == openapi()
+    assert service.metrics.registry.get_sample_value("context_assembler_ready") == 1
     service.ready = False
     assert (await get(url, "/ready"))[0] == 503
+    assert service.metrics.registry.get_sample_value("context_assembler_ready") == 0
 
 
 async def test_a_valid_traceparent_comes_back_and_a_forged_one_does_not(
@@ -239,3 +249,38 @@ def test_the_endpoint_imports_only_the_workers_sensors_of_kafka() -> None:
              and found.target.startswith("worker.kafka")
              and not found.target.startswith("worker.kafka.observability")]
     assert kafka == []
+
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+async def test_each_request_is_a_server_span_under_the_callers_trace() -> None:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing.with_processor(SimpleSpanProcessor(exporter))
+    service = Service(build_registry(None, ["window-8k"]), LIMITS, tracing=tracing)
+    server = Server(service, "127.0.0.1", 0)
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        assert (await post(url, GOOD, traceparent=CALLER))[0] == 200
+        assert (await post(url, b"{bad"))[0] == 400
+        assert (await post(url, b" " * (64 * 1024 + 1)))[0] == 413
+    finally:
+        await server.stop()
+    spans = exporter.get_finished_spans()
+    requests = [span for span in spans if span.kind is SpanKind.SERVER]
+    attributes = [dict(span.attributes or {}) for span in requests]
+    assert [each["http.response.status_code"] for each in attributes] == [200, 400, 413]
+    assert {span.name for span in requests} == {"POST /v1/assemble"}
+    good, bad, _ = requests
+    assert f"{good.context.trace_id:032x}" == TRACE_ID  # continues the caller's trace
+    assert f"{bad.context.trace_id:032x}" != TRACE_ID  # no traceparent: a trace of its own
+    assert attributes[0]["context_assembler.outcome"] == "assembled"
+    assert attributes[0]["context_assembler.request_id"] == "q30-customer"
+    assert attributes[1]["context_assembler.reject.reason"] == "json"
+    assert "context_assembler.outcome" not in attributes[2]  # refused unread
+    steps = [span for span in spans if span.name == "assemble"]
+    assert [step.parent.span_id for step in steps if step.parent] == [
+        good.context.span_id, bad.context.span_id,
+    ]

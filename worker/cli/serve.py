@@ -37,11 +37,16 @@ async def _serve(server: Server, host: str) -> None:
 @command
 def cmd_serve(args: argparse.Namespace) -> int:
     from worker.kafka.observability import logs
+    from worker.kafka.observability.tracing import Tracing
     from worker.serve.app import Server, Service
 
     logs.configure(args.log_level)  # JSON lines: a rejection quotes untrusted text
     registry = build_registry(args.policy, args.allow_policy)
-    service = Service(registry, limits(args), max_pending=args.max_pending)
+    tracing = Tracing.from_environment()  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    service = Service(registry, limits(args), tracing=tracing, max_pending=args.max_pending)
     server = Server(service, args.host, args.port)
-    asyncio.run(_serve(server, args.host))
+    try:
+        asyncio.run(_serve(server, args.host))
+    finally:
+        tracing.shutdown()  # exports the spans still buffered
     return 0

@@ -1,9 +1,10 @@
 """`POST /v1/assemble`: one RetrievalResult in, `{prompt, audit}` out, the file mode's bytes.
 
 The same intake as every other shell (limits, the policy allow-list, the same rejections),
-the engine in one thread off the event loop as in the worker, and the worker's metrics. A
-body announced over max_event_bytes is refused unread, and reading stops one chunk past it,
-so an oversized body is never held in memory.
+the engine in one thread off the event loop as in the worker, the worker's metrics, and a
+SERVER span per request (with an "assemble" child) continuing the caller's traceparent when
+tracing is on. A body announced over max_event_bytes is refused unread, and reading stops
+one chunk past it, so an oversized body is never held in memory.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from worker.intake.codec import Limits, RejectedInput, encode
 from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry
 from worker.kafka.observability.metrics import Metrics
+from worker.kafka.observability.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +48,14 @@ class Service:
     registry: PolicyRegistry
     limits: Limits
     metrics: Metrics = field(default_factory=Metrics)
+    tracing: Tracing = field(default_factory=Tracing)  # off unless given a provider
     ready: bool = True
     # Requests being read or waiting for the one engine thread: each may hold up to
     # max_event_bytes, so more are refused (503) rather than queued without bound.
     max_pending: int = 64
+
+    def __post_init__(self) -> None:
+        self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
 
 
 def body(assembly: Assembly) -> bytes:
@@ -93,18 +99,19 @@ class Endpoint:
         self._openapi = json.dumps(openapi(), sort_keys=True).encode()
         self._pending = 0
 
-    def _handle(self, raw: bytes) -> tuple[Assembly | RejectedInput, bytes, float]:
-        """In the engine thread: the outcome, the response body if assembled, the time."""
-        started = time.perf_counter()
+    def _handle(self, raw: bytes) -> tuple[Assembly | RejectedInput, bytes, int, int]:
+        """In the engine thread: the outcome, the response body if assembled, and when the
+        engine started and ended (ns, wall clock: for spans and the latency metric only)."""
+        started = time.time_ns()
         try:
             assembly = assemble_bytes(raw, self.service.registry, self.service.limits)
         except RejectedInput as rejected:
-            return rejected, b"", time.perf_counter() - started
-        return assembly, body(assembly), time.perf_counter() - started
+            return rejected, b"", started, time.time_ns()
+        return assembly, body(assembly), started, time.time_ns()
 
     def _rejected(self, rejected: RejectedInput, status: int, seconds: float,
                   trace: str | None) -> web.Response:
-        self.service.metrics.observe(None, rejected, seconds)
+        self.service.metrics.observe(None, rejected, seconds, dead_lettered=False)
         log.warning("rejected request: %s", rejected.message,
                     extra={"request_id": rejected.request_id, "reason": rejected.reason,
                            "traceparent": trace})
@@ -124,26 +131,45 @@ class Endpoint:
             self._pending -= 1
 
     async def _assemble(self, request: web.Request) -> web.Response:
-        limits = self.service.limits
+        tracing = self.service.tracing
+        span = (tracing.begin_request(request.method, ASSEMBLE_PATH, request.headers,
+                                      time.time_ns()) if tracing.enabled else None)
         given = request.headers.get("traceparent", "")
         trace = given if _TRACEPARENT.fullmatch(given) else None  # never echo a forged one
-        raw = await _read_bounded(request, limits.max_event_bytes)
-        if raw is None:
-            response = self._rejected(_oversized(request.content_length, limits), 413, 0.0, trace)
-        else:
-            loop = asyncio.get_running_loop()
-            outcome, data, seconds = await loop.run_in_executor(self._executor, self._handle, raw)
-            if isinstance(outcome, RejectedInput):
-                status = _STATUS.get(outcome.reason, 422)
-                response = self._rejected(outcome, status, seconds, trace)
-            else:
-                self.service.metrics.observe(outcome, None, seconds)
-                log.debug("assembled", extra={"request_id": outcome.prompt.request_id,
-                                              "traceparent": trace})
-                response = web.Response(body=data, content_type=JSON)
+        outcome, response = await self._respond(request, trace)
         if trace is not None:
             response.headers["traceparent"] = trace
+        if span is not None:
+            if outcome is not None:
+                result, _, started, ended = outcome
+                tracing.child(span, "assemble", started).end(ended)
+                assembly = result if isinstance(result, Assembly) else None
+                rejected = result if isinstance(result, RejectedInput) else None
+                tracing.assembled(span, assembly, rejected)
+            tracing.responded(span, response.status)
+            span.end()
         return response
+
+    async def _respond(
+        self, request: web.Request, trace: str | None
+    ) -> tuple[tuple[Assembly | RejectedInput, bytes, int, int] | None, web.Response]:
+        """The engine's outcome (None: the body was refused unread) and the response."""
+        limits = self.service.limits
+        raw = await _read_bounded(request, limits.max_event_bytes)
+        if raw is None:
+            return None, self._rejected(_oversized(request.content_length, limits), 413, 0.0,
+                                        trace)
+        loop = asyncio.get_running_loop()
+        outcome = await loop.run_in_executor(self._executor, self._handle, raw)
+        result, data, started, ended = outcome
+        seconds = (ended - started) / 1e9
+        if isinstance(result, RejectedInput):
+            status = _STATUS.get(result.reason, 422)
+            return outcome, self._rejected(result, status, seconds, trace)
+        self.service.metrics.observe(result, None, seconds)
+        log.debug("assembled", extra={"request_id": result.prompt.request_id,
+                                      "traceparent": trace})
+        return outcome, web.Response(body=data, content_type=JSON)
 
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.service.metrics.exposition(),

@@ -43,6 +43,11 @@ class Metrics:
             f"{prefix}_dlq_records_total", "Inputs sent to the dead-letter topic, by reason.",
             ["reason"], registry=self.registry,
         )
+        self.refused = Counter(
+            f"{prefix}_http_rejections_total",
+            "HTTP requests answered with an error (serve), by reason; nothing is dead-lettered.",
+            ["reason"], registry=self.registry,
+        )
         self.latency = Histogram(
             f"{prefix}_assembly_duration_seconds", "Engine time per event.",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
@@ -80,13 +85,16 @@ class Metrics:
         self.chunks.labels("kept")
 
     def observe(
-        self, assembly: Assembly | None, rejected: RejectedInput | None, seconds: float
+        self, assembly: Assembly | None, rejected: RejectedInput | None, seconds: float,
+        *, dead_lettered: bool = True,
     ) -> None:
-        """One event handled in `seconds`: assembled, or rejected (and dead-lettered)."""
+        """One event handled in `seconds`: assembled, or rejected: dead-lettered by the worker,
+        answered with an error by the HTTP endpoint (`dead_lettered=False`)."""
         self.latency.observe(seconds)
         if rejected is not None:
             self.events.labels("rejected").inc()
-            self.dlq.labels(rejected.reason).inc()
+            counter = self.dlq if dead_lettered else self.refused
+            counter.labels(rejected.reason).inc()
             return
         self.events.labels("assembled").inc()
         if assembly is None:  # the benchmark's passthrough

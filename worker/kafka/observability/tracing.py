@@ -1,4 +1,4 @@
-"""OpenTelemetry spans, one per input event, continuing the input's W3C `traceparent`.
+"""OpenTelemetry spans, one per input event or HTTP request, continuing its W3C `traceparent`.
 
 Off unless OTEL_EXPORTER_OTLP_ENDPOINT is set: then no SDK provider is installed and callers
 skip span creation on a boolean (`Tracing.enabled`), so the hot path pays nothing. Spans never
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -28,6 +28,12 @@ from opentelemetry.semconv._incubating.attributes.messaging_attributes import (
     MESSAGING_OPERATION_TYPE,
     MESSAGING_SYSTEM,
 )
+from opentelemetry.semconv.attributes.http_attributes import (
+    HTTP_REQUEST_METHOD,
+    HTTP_RESPONSE_STATUS_CODE,
+    HTTP_ROUTE,
+)
+from opentelemetry.semconv.attributes.url_attributes import URL_PATH
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -74,10 +80,10 @@ class Tracing:
         """The event's CONSUMER span, a child of the input's traceparent if it has a valid one.
         Only call when `enabled`."""
         assert self._tracer is not None, "tracing is off: check Tracing.enabled first"
-        carrier = {
-            name.lower(): value.decode("latin-1")
-            for name, value in headers if name.lower() in _PROPAGATED
-        }
+        carrier = [
+            (name, value.decode("latin-1")) for name, value in headers
+            if name.lower() in _PROPAGATED
+        ]
         attributes: dict[str, str | int] = {
             MESSAGING_SYSTEM: "kafka",
             MESSAGING_OPERATION_TYPE: "process",
@@ -91,9 +97,28 @@ class Tracing:
         if text_key is not None:
             attributes[MESSAGING_KAFKA_MESSAGE_KEY] = text_key
         return self._tracer.start_span(
-            f"process {topic}", context=_PROPAGATOR.extract(carrier), kind=SpanKind.CONSUMER,
+            f"process {topic}", context=_parent(carrier), kind=SpanKind.CONSUMER,
             attributes=attributes, start_time=start_ns,
         )
+
+    def begin_request(
+        self, method: str, route: str, headers: Mapping[str, str], start_ns: int
+    ) -> Span:
+        """An HTTP request's SERVER span, a child of its traceparent if it has a valid one.
+        Only call when `enabled`."""
+        assert self._tracer is not None, "tracing is off: check Tracing.enabled first"
+        attributes = {HTTP_REQUEST_METHOD: method, HTTP_ROUTE: route, URL_PATH: route}
+        return self._tracer.start_span(
+            f"{method} {route}", context=_parent(headers.items()), kind=SpanKind.SERVER,
+            attributes=attributes, start_time=start_ns,
+        )
+
+    @staticmethod
+    def responded(span: Span, status: int) -> None:
+        """The response's status; a 5xx is the server's error (a 4xx is the client's)."""
+        span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
 
     def child(self, parent: Span, name: str, start_ns: int) -> Span:
         """A step of the event (assemble, publish) under its span."""
@@ -131,6 +156,13 @@ class Tracing:
         """Export what is still buffered; called once, at exit."""
         if self._provider is not None:
             self._provider.shutdown()
+
+
+def _parent(headers: Iterable[tuple[str, str]]) -> Context:
+    """The context the W3C TraceContext headers among `headers` carry (none or invalid: a
+    new trace)."""
+    carrier = {name.lower(): value for name, value in headers if name.lower() in _PROPAGATED}
+    return _PROPAGATOR.extract(carrier)
 
 
 def _text(key: bytes | None) -> str | None:
