@@ -21,6 +21,11 @@ alike: (a) the engine on a pre-parsed event with `Policy()`; (b) the naive basel
 Then, bytes in and bytes out: decode + assemble + encode of 20-chunk events (warm and cold),
 and the file mode as a whole process (the CLI against a naive seed 000 script over the same
 JSONL file, both started fresh, start-up included).
+
+Last, a model's own tokenizer.json (`encoding = "hf:PATH"`) next to tiktoken on the same
+cold 40-chunk events: a byte-level BPE trained here on the corpus' prose (no download),
+loaded through a policy file as the service loads it; the engine under each, and each
+tokenizer alone over the rendered passages.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import orjson
 import tiktoken
@@ -49,11 +54,14 @@ from bench.corpus import COPY_SHARE, Corpus
 from schemas.models import Chunk, DropReason, RetrievalResult
 from worker.engine import Assembly, Policy, assemble, words
 from worker.engine.assemble import PASSAGE_COSTS
-from worker.engine.tokens import TiktokenCounter, get_counter
+from worker.engine.tokens import HuggingFaceCounter, TiktokenCounter, get_counter
 from worker.engine.vocabulary import load_encoding
 from worker.intake.codec import Limits, encode
 from worker.intake.handle import assemble_bytes
-from worker.intake.policies import PolicyRegistry
+from worker.intake.policies import PolicyRegistry, load_policy
+
+if TYPE_CHECKING:  # imported where the tokenizer is trained: the naive contender never does
+    import tokenizers
 
 T = TypeVar("T")
 
@@ -80,6 +88,10 @@ TARGET_PIPELINE_COLD_MS: Final = 0.8
 FILE_MODE_CHUNKS: Final = 40
 FILE_MODE_EVENTS: Final = {"default": (600, 2), "quick": (100, 1)}  # (events, runs each)
 TARGET_FILE_MODE_SPEEDUP: Final = 30.0
+# A tokenizer.json against tiktoken: cold events of 40 chunks (the same as the cold row's).
+HF_CHUNKS: Final = 40
+HF_EVENTS: Final = {"default": 40, "quick": 10}
+HF_VOCABULARY: Final = 32_000  # asked of the trainer; the corpus' words saturate it sooner
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +413,68 @@ def pipeline(bench: Bench, repeats: tuple[int, int]) -> Pipeline:
 
 
 @dataclass
+class TokenizerCost:
+    """Cold events assembled under tiktoken's cl100k_base and under a tokenizer.json."""
+
+    vocabulary: int
+    engine: dict[str, list[int]] = field(default_factory=dict)  # by tokenizer: ns per event
+    alone: dict[str, list[int]] = field(default_factory=dict)  # encoding the rendered passages
+    tokens: dict[str, int] = field(default_factory=dict)  # the first event's passages
+
+    def ratio(self, samples: dict[str, list[int]]) -> float:
+        return statistics.median(samples["hf"]) / statistics.median(samples[ENCODING])
+
+
+def trained_tokenizer(seed: int) -> tokenizers.Tokenizer:
+    """A byte-level BPE (GPT-2, Llama 3 and Qwen's family) trained on the corpus' prose."""
+    import tokenizers
+
+    corpus = Corpus(seed * 13)
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=HF_VOCABULARY, show_progress=False,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator([corpus.prose(400) for _ in range(500)], trainer=trainer)
+    return tokenizer
+
+
+def encoded(count: Callable[[str], int], texts: Sequence[str]) -> int:
+    return sum(map(count, texts))
+
+
+def tokenizer_cost(bench: Bench, events: int) -> TokenizerCost:
+    with tempfile.TemporaryDirectory() as folder:
+        library = trained_tokenizer(bench.seed)
+        library.save(f"{folder}/tokenizer.json")
+        policy_file = Path(folder) / "model.toml"
+        policy_file.write_text('[tokenizer]\nencoding = "hf:tokenizer.json"\n')
+        policies = {ENCODING: bench.policy, "hf": load_policy(str(policy_file))}
+    hf_counter = get_counter(policies["hf"].tokenizer.encoding)
+    assert isinstance(hf_counter, HuggingFaceCounter)
+    alone: dict[str, Callable[[str], int]] = {
+        ENCODING: lambda text: len(bench.encoding.encode_ordinary(text)),
+        "hf": lambda text: len(library.encode_batch_fast([text], add_special_tokens=False)[0]),
+    }
+    cost = TokenizerCost(library.get_vocab_size(), {k: [] for k in policies},
+                         {k: [] for k in policies})
+    corpus = Corpus(bench.seed * 104_729 + HF_CHUNKS)
+    for i in range(events):
+        case = cold_case(corpus, HF_CHUNKS, i)
+        gc.collect()
+        for name in (list(policies) if i % 2 == 0 else list(policies)[::-1]):
+            clear_engine_caches(bench.counter)
+            hf_counter.cache.clear()
+            run = functools.partial(assemble, case.event, policies[name])
+            cost.engine[name].append(timed(run)[0])
+            ns, tokens = timed(functools.partial(encoded, alone[name], case.rendered))
+            cost.alone[name].append(ns)
+            cost.tokens.setdefault(name, tokens)
+    return cost
+
+
+@dataclass
 class FileMode:
     """Wall time of two fresh processes over one file: the CLI and the naive script."""
 
@@ -580,6 +654,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = file_mode(args.seed, *FILE_MODE_EVENTS[mode])
     print(f"  file mode: {files.events} events ({time.perf_counter() - started:.0f} s)",
           file=sys.stderr, flush=True)
+    hf = tokenizer_cost(bench, HF_EVENTS[mode])
+    print(f"  tokenizer.json: {HF_EVENTS[mode]} events ({time.perf_counter() - started:.0f} s)",
+          file=sys.stderr, flush=True)
 
     sample = rows[0]
     print()
@@ -601,6 +678,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"file mode, whole process, {files.events} events of {FILE_MODE_CHUNKS} chunks: CLI "
           f"{statistics.median(files.engine_s):.2f} s, naive seed 000 "
           f"{statistics.median(files.naive_s):.2f} s: {files.speedup:.1f}x")
+    print(f"tokenizer.json (byte-level BPE, {hf.vocabulary} tokens, trained here) vs "
+          f"{ENCODING}, cold, {HF_CHUNKS} chunks, the same {len(hf.engine['hf'])} events: "
+          f"assemble median {Summary.of(hf.engine[ENCODING]).median_ms:.2f} ms vs "
+          f"{Summary.of(hf.engine['hf']).median_ms:.2f} ms ({hf.ratio(hf.engine):.2f}x); "
+          f"encoding the passages alone {Summary.of(hf.alone[ENCODING]).median_ms:.2f} ms vs "
+          f"{Summary.of(hf.alone['hf']).median_ms:.2f} ms ({hf.ratio(hf.alone):.2f}x); "
+          f"{hf.tokens[ENCODING]} vs {hf.tokens['hf']} tokens")
     print()
     found = verdicts(rows, piped, files)
     for verdict in found:
@@ -624,6 +708,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "file_mode": {"chunks": FILE_MODE_CHUNKS, "events": files.events,
                           "engine_s": files.engine_s, "naive_s": files.naive_s,
                           "naive_over_engine": files.speedup, "kept_agree": files.agree},
+            "tokenizer_json": {"chunks": HF_CHUNKS, "vocabulary": hf.vocabulary,
+                               "engine": {k: _summary_json(v) for k, v in hf.engine.items()},
+                               "alone": {k: _summary_json(v) for k, v in hf.alone.items()},
+                               "hf_over_tiktoken": {"engine": hf.ratio(hf.engine),
+                                                    "alone": hf.ratio(hf.alone)},
+                               "tokens": hf.tokens},
             "targets": [
                 {"target": v.target, "value": v.value, "passed": v.passed} for v in found
             ],

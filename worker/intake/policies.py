@@ -3,6 +3,8 @@
 A request's `policy` field names a server-side policy; an unknown name is a PolicyError
 (which `intake.handle` turns into a rejected input) rather than silently assembled under
 other rules. Every problem here is a PolicyError, or a VocabularyUnavailable at start.
+A tokenizer.json a policy file names is read here, relative to that file: it is the
+operator's configuration, never something an event can point at.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 
-from worker.engine.errors import PolicyError
+from worker.engine.errors import PolicyError, VocabularyUnavailable
 from worker.engine.policy import Policy, policy_from_mapping
-from worker.engine.tokens import get_counter
+from worker.engine.tokens import get_counter, load_tokenizer_file
+
+HF_PREFIX = "hf:"
 
 
 def preset_names() -> list[str]:
@@ -53,9 +57,27 @@ def load_policy(spec: str | None) -> Policy:
         text = path.read_text("utf-8")
     except OSError as error:
         raise PolicyError(f"{spec}: cannot read policy file: {error}") from None
-    data = _parse(text, spec)
+    data = _with_tokenizer_files(_parse(text, spec), path.parent, spec)
     name = data.get("name")
     return policy_from_mapping(data, name=name if isinstance(name, str) else path.stem)
+
+
+def _with_tokenizer_files(data: dict[str, object], folder: Path, where: str) -> dict[str, object]:
+    """Load each `hf:PATH` of the [tokenizer] section (PATH relative to the policy file) and
+    put the name of its content in its place: the policy hash then covers the vocabulary,
+    wherever the file lies on this machine."""
+    section = data.get("tokenizer")
+    if not isinstance(section, dict):
+        return data
+    resolved = dict(section)
+    for key in ("encoding", "exact_encoding"):
+        value = section.get(key)
+        if isinstance(value, str) and value.startswith(HF_PREFIX):
+            try:
+                resolved[key] = load_tokenizer_file(folder / value.removeprefix(HF_PREFIX)).name
+            except VocabularyUnavailable as error:
+                raise PolicyError(f"{where}: [tokenizer] {key} = {value!r}: {error}") from None
+    return {**data, "tokenizer": resolved}
 
 
 ESTIMATORS = ("chars/4", "words*1.3")
