@@ -11,7 +11,7 @@ both records, as the worker does. Every text is new. The stream:
 - then `--events` events of a short chunk and 40 of 99,000 characters (just under
   `max_chunk_chars` and, together, `max_event_bytes`): the short chunk is kept, so each long
   one is checked for being its copy and gets a word set; such word sets were once cached
-  and held 776 MB after 15 events (the k8s limit is 768 Mi).
+  and held 776 MB after 15 events (the k8s limit was then 768 Mi).
 After each event it reports the resident set (now and peak, `ru_maxrss`) and the bytes the
 caches account for. Verdict: the peak stays under `--limit-mb`, and over the large events
 the second half raises the resident set by less than `--plateau-mb` over the first half.

@@ -14,7 +14,9 @@ set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 POM="$REPO_ROOT/deploy/kafka/pom.xml"
-KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$POM")
+# The one place the version is set: .env, which docker compose reads for the broker image too.
+KAFKA_VERSION=$(sed -n 's/^KAFKA_VERSION=\([0-9][0-9.]*\)$/\1/p' "$REPO_ROOT/.env")
+[[ -n $KAFKA_VERSION ]] || { echo "kafka.sh: error: no KAFKA_VERSION=X.Y.Z line in $REPO_ROOT/.env" >&2; exit 1; }
 CACHE_DIR=${KAFKA_CACHE_DIR:-$HOME/.cache/context-assembler/kafka-$KAFKA_VERSION}
 CACHE_MARKER="$CACHE_DIR/.complete"
 READY_TIMEOUT=${KAFKA_READY_TIMEOUT:-90}
@@ -46,8 +48,8 @@ fetch() {
     mkdir -p "$CACHE_DIR"
     local log
     log=$(mktemp)
-    if ! mvn -q -B -f "$POM" dependency:copy-dependencies -DincludeScope=runtime \
-        -DoutputDirectory="$CACHE_DIR" >"$log" 2>&1; then
+    if ! mvn -q -B -f "$POM" dependency:copy-dependencies -Dkafka.version="$KAFKA_VERSION" \
+        -DincludeScope=runtime -DoutputDirectory="$CACHE_DIR" >"$log" 2>&1; then
         tail -n 20 "$log" >&2
         rm -f "$log"
         die "could not download the Kafka $KAFKA_VERSION jars: is Maven Central reachable?" \

@@ -1,6 +1,5 @@
 import pytest
 
-from tests.deploy.test_manifests import KNOWN_SETTINGS
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Limits
 from worker.kafka.settings import Settings, SettingsError, load_settings
@@ -30,11 +29,6 @@ def test_topics_must_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASSEMBLER_DLQ_TOPIC", "retrieval.results")
     with pytest.raises(SettingsError, match="must differ"):
         load_settings()
-
-
-def test_every_setting_the_manifests_use_exists() -> None:
-    fields = {f"ASSEMBLER_{name.upper()}" for name in Settings.model_fields}
-    assert set(KNOWN_SETTINGS) <= fields
 
 
 def test_the_event_limits_are_declared_once_in_limits_and_read_from_flat_variables(
