@@ -1,7 +1,8 @@
 """Write the JSON Schema, AsyncAPI and OpenAPI files from the pydantic models.
 
 `python -m schemas.generate` rewrites them, and records the JSON Schemas of the current
-schema_version under `schemas/history/v<N>/` the first time that version is generated.
+schema_version under `schemas/history/v<N>/` the first time that version (or a record new
+in it) is generated.
 `python -m schemas.generate --check` fails when the committed files differ from what the
 models say, or when a JSON Schema breaks what readers of the same schema_version's snapshot
 rely on (`schemas.compat`); the test suite runs both checks.
@@ -24,6 +25,7 @@ from schemas.models import (
     AssembledPrompt,
     AssemblyAudit,
     ErrorRecord,
+    PolicyRecord,
     RetrievalResult,
 )
 
@@ -34,6 +36,7 @@ RECORDS: dict[str, type[BaseModel]] = {
     "assembled-prompt": AssembledPrompt,
     "assembly-audit": AssemblyAudit,
     "error-record": ErrorRecord,
+    "policy-record": PolicyRecord,
 }
 # The default topic names; deployments may rename them (worker settings).
 CHANNELS = {
@@ -48,7 +51,15 @@ CHANNELS = {
         "Connect's __connect.errors.* headers naming the origin (topic, partition, offset), "
         "the stage and the error. A dead letter over the size limit carries only the first "
         "bytes of the input, with context-assembler.truncated, .original.bytes and "
-        ".original.sha256 headers. The file mode writes an ErrorRecord line instead.",
+        ".original.sha256 headers. The file mode writes an ErrorRecord line instead. "
+        "A dead letter sent back by `context-assembler redrive` carries "
+        "context-assembler.redrive.count, which its next dead letter keeps.",
+    ),
+    "assembler.policies": (
+        "send",
+        "policy-record",
+        "Compacted, keyed by policy hash: every policy the worker assembles under, published "
+        "before it consumes, so replay and explain find the rules an output's hash names.",
     ),
 }
 
@@ -60,6 +71,7 @@ DIRECTIONS: dict[str, Direction] = {
     "assembled-prompt": "output",
     "assembly-audit": "output",
     "error-record": "output",
+    "policy-record": "output",
 }
 
 
@@ -100,6 +112,9 @@ def asyncapi() -> dict[str, Any]:
             "properties": {
                 **{f"__connect.errors.{name}": {"type": "string"} for name in DEAD_LETTER_HEADERS},
                 **TRUNCATION_HEADERS,
+                "context-assembler.redrive.count": {
+                    "type": "string", "description": "How often `context-assembler redrive` "
+                    "sent this input back already (absent: never)."},
             },
         },
     }
@@ -154,7 +169,7 @@ def _error(description: str) -> dict[str, Any]:
 def openapi() -> dict[str, Any]:
     """The HTTP endpoint (`context-assembler serve`), its bodies the contract's models."""
     refs, defs = models_json_schema(
-        [(model, "validation") for model in RECORDS.values()],
+        [(model, "validation") for model in RECORDS.values() if model is not PolicyRecord],
         ref_template="#/components/schemas/{model}",
     )
     schemas = dict(defs["$defs"])
@@ -277,9 +292,9 @@ def main() -> int:
         return 1
     for path, text in rendered().items():
         path.write_text(text)
-    if not snapshot.exists():  # a new schema_version: its first schemas are its promise
-        snapshot.mkdir(parents=True)
-        for name, schema in json_schemas().items():
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, schema in json_schemas().items():  # a new version or record: its first promise
+        if not (snapshot / f"{name}.schema.json").exists():
             (snapshot / f"{name}.schema.json").write_text(canonical(schema))
     return 0
 

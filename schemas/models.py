@@ -239,3 +239,17 @@ class ErrorRecord(_Record):
     raw_bytes: int = Field(description="Length of the whole input in bytes.")
     raw_truncated: bool = Field(description="Whether `raw` holds only the start of the input.")
     raw_sha256: str = Field(description='Digest of the whole input: "sha256:<hex>".')
+
+
+class PolicyRecord(_Record):
+    """A policy the worker assembled under, on the compacted policies topic keyed by its hash,
+    so a replay weeks later runs under the rules that were in force."""
+
+    schema_version: Literal[1] = 1
+    name: str = Field(description="The name it was published under (the hash leaves it out).")
+    hash: str = Field(description='"sha256:<hex>" of `settings`, as outputs carry it.')
+    engine: EngineInfo = Field(description="The engine that published it.")
+    settings: dict[str, Any] = Field(
+        description="Every rule but the name, section by section, as `context-assembler "
+        "policy` prints them; the hash is worked out from these."
+    )

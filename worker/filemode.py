@@ -25,6 +25,7 @@ from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits, RejectedInput, encode
 from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry
+from worker.intake.recorded import record_bytes, registry_policies
 
 BOM: Final = b"\xef\xbb\xbf"
 _SKIP_CHUNK: Final = 1 << 16  # an over-long line is consumed this many bytes at a time
@@ -117,6 +118,13 @@ def run(
                 audits.write(encode(assembly.audit) + b"\n")
             totals.assembled += 1
     return totals
+
+
+def write_policies(registry: PolicyRegistry, stream: BinaryIO) -> None:
+    """One record per policy `registry` assembles under, as the worker publishes them on its
+    policies topic: what `replay --policy recorded --policies F` reads."""
+    for policy in registry_policies(registry):
+        stream.write(record_bytes(policy) + b"\n")
 
 
 class OutputConflict(ContextAssemblerError):

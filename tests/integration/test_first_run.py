@@ -6,6 +6,7 @@ of its own (as `make broker-start` starts it), so the README stays true.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -30,7 +31,8 @@ CREATE = "create it with `context-assembler topics create`"
 def cli(broker: Broker, topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ASSEMBLER_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
            "ASSEMBLER_INPUT_TOPIC": topics.input, "ASSEMBLER_PROMPTS_TOPIC": topics.prompts,
-           "ASSEMBLER_AUDIT_TOPIC": topics.audit, "ASSEMBLER_DLQ_TOPIC": topics.dlq}
+           "ASSEMBLER_AUDIT_TOPIC": topics.audit, "ASSEMBLER_DLQ_TOPIC": topics.dlq,
+           "ASSEMBLER_POLICIES_TOPIC": topics.policies}
     return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
 
@@ -55,7 +57,7 @@ async def described(broker: Broker, names: list[str]) -> dict[str, tuple[int, di
 
 async def test_topics_create_is_idempotent_and_reports_what_differs(broker: Broker) -> None:
     topics = Topics.fresh()
-    names = [topics.input, topics.prompts, topics.audit, topics.dlq]
+    names = [topics.input, topics.prompts, topics.audit, topics.dlq, topics.policies]
 
     first = cli(broker, topics, "topics", "create", "--partitions", "2")
     assert (first.returncode, first.stderr) == (0, "")
@@ -65,9 +67,10 @@ async def test_topics_create_is_idempotent_and_reports_what_differs(broker: Brok
         partitions, configs = found[name]
         assert partitions == 2
         assert configs["max.message.bytes"] == str(Settings().max_message_bytes)
-        long_kept = name in (topics.audit, topics.dlq)
+        long_kept = name in (topics.audit, topics.dlq, topics.policies)
         assert configs["retention.ms"] == str(LONG_RETENTION_MS if long_kept
                                               else OUTPUT_RETENTION_MS)
+        assert configs["cleanup.policy"] == ("compact" if name == topics.policies else "delete")
 
     again = cli(broker, topics, "topics", "create", "--partitions", "2")
     assert (again.returncode, again.stderr) == (0, "")
@@ -109,16 +112,13 @@ def test_a_worker_without_its_topics_says_why_it_is_not_ready(
     log_path = tmp_path / "worker.log"
     worker = WorkerProcess(broker, topics, log_path, extra_env={"TMPDIR": str(temp)}).start()
     try:
-        deadline = time.monotonic() + 60
-        body: dict[str, object] = {}
-        while "reason" not in body and time.monotonic() < deadline:
-            assert worker.alive(), worker.log_tail()
-            try:
-                status, raw = worker.get("/ready")
-                body = json.loads(raw)
-            except OSError:
-                status = 0
-            time.sleep(0.2)
+        # First it records its policies, and says so while their topic is missing.
+        status, body = ready_reason(worker)
+        assert status == 503, worker.log_tail()
+        assert body["reason"] == ("not consuming yet: cannot record the policies: topic "
+                                  f"{topics.policies} does not exist; {CREATE}")
+        asyncio.run(broker.create_topics({topics.policies: 1}, compacted=True))
+        status, body = ready_reason(worker, unlike=body)
         assert status == 503, worker.log_tail()
         assert body["reason"] == (f"missing topics: {topics.input}, {topics.prompts}, "
                                   f"{topics.audit}, {topics.dlq}; create them with "
@@ -135,6 +135,25 @@ def test_a_worker_without_its_topics_says_why_it_is_not_ready(
     assert [e["message"] for e in about_input] == [
         f"topic {topics.input} does not exist; {CREATE}"]
     assert faust_dirs(temp) == []
+
+
+def ready_reason(
+    worker: WorkerProcess, unlike: dict[str, object] | None = None
+) -> tuple[int, dict[str, object]]:
+    """/ready's status and body once it gives a reason (other than `unlike`'s)."""
+    deadline = time.monotonic() + 60
+    status, body = 0, {}
+    while time.monotonic() < deadline:
+        assert worker.alive(), worker.log_tail()
+        try:
+            status, raw = worker.get("/ready")
+            body = json.loads(raw)
+        except OSError:  # not listening yet, or between two servers
+            status, body = 0, {}
+        if "reason" in body and body != unlike:
+            break
+        time.sleep(0.2)
+    return status, body
 
 
 def faust_dirs(temp: Path) -> list[Path]:

@@ -225,6 +225,7 @@ async def test_sigterm_stops_the_worker_while_the_prompts_topic_is_missing(
 ) -> None:
     topics = Topics.fresh()
     await broker.create_topics({topics.input: 1, topics.audit: 1, topics.dlq: 1})
+    await broker.create_topics({topics.policies: 1}, compacted=True)
     worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
                            extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
     try:

@@ -25,15 +25,19 @@ CLOSED_PORT = "127.0.0.1:9"  # discard: nothing listens there
 
 def test_worker_topics_follow_the_settings() -> None:
     settings = Settings(input_topic="in", prompts_topic="out", audit_topic="audit",
-                        dlq_topic="dlq", max_message_bytes=2_000_000)
+                        dlq_topic="dlq", policies_topic="policies", max_message_bytes=2_000_000)
     specs = {spec.name: spec for spec in worker_topics(settings, 12, 3)}
-    assert list(specs) == ["in", "out", "audit", "dlq"]
+    assert list(specs) == ["in", "out", "audit", "dlq", "policies"]
     for spec in specs.values():
         assert (spec.partitions, spec.replication_factor) == (12, 3)
         # The broker must accept every record the worker allows itself to send.
         assert spec.configs["max.message.bytes"] == "2000000"
     retention = {name: int(spec.configs["retention.ms"]) for name, spec in specs.items()}
     assert retention["audit"] == retention["dlq"] > retention["in"] == retention["out"]
+    # One record per policy hash, kept for as long as outputs may name it.
+    compacted = [name for name, spec in specs.items()
+                 if spec.configs.get("cleanup.policy") == "compact"]
+    assert compacted == ["policies"]
 
 
 def test_the_watch_covers_every_worker_topic() -> None:

@@ -53,16 +53,18 @@ class Topics:
     audit: str
     dlq: str
     group: str
+    policies: str  # compacted: the worker records its policies there before it consumes
 
     @classmethod
     def fresh(cls) -> Topics:
         tag = uuid.uuid4().hex[:8]
         return cls(f"{tag}.retrieval.results", f"{tag}.prompts.assembled", f"{tag}.context.audit",
-                   f"{tag}.retrieval.results.dlq", f"{tag}-assembler")
+                   f"{tag}.retrieval.results.dlq", f"{tag}-assembler", f"{tag}.assembler.policies")
 
     async def create(self, broker: Broker, partitions: int = 3) -> None:
         await broker.create_topics({self.input: partitions, self.prompts: partitions,
                                     self.audit: partitions, self.dlq: 1})
+        await broker.create_topics({self.policies: 1}, compacted=True)
 
 
 @dataclass
@@ -84,6 +86,7 @@ class WorkerProcess:
             "ASSEMBLER_PROMPTS_TOPIC": self.topics.prompts,
             "ASSEMBLER_AUDIT_TOPIC": self.topics.audit,
             "ASSEMBLER_DLQ_TOPIC": self.topics.dlq,
+            "ASSEMBLER_POLICIES_TOPIC": self.topics.policies,
             "ASSEMBLER_GROUP_ID": self.topics.group,
             "ASSEMBLER_PROCESSING_GUARANTEE": self.guarantee,
             "ASSEMBLER_HTTP_HOST": "127.0.0.1",

@@ -12,6 +12,7 @@ from schemas.models import AssemblyAudit, RetrievalResult
 from worker import filemode
 from worker.cli.common import (
     NotFound,
+    UsageError,
     command,
     file_errors,
     limits,
@@ -21,18 +22,31 @@ from worker.cli.common import (
     parse_audit,
     refuse_overlaps,
 )
-from worker.diagnose.explain import SEED_BUDGETS, decision_table, sweep, sweep_chart, sweep_table
+from worker.diagnose.explain import (
+    SEED_BUDGETS,
+    decision_table,
+    printable,
+    sweep,
+    sweep_chart,
+    sweep_table,
+)
 from worker.engine import Policy, assemble
 from worker.intake.codec import Excerpt, RejectedInput, decode_event
 from worker.intake.handle import resolve_policy
 from worker.intake.policies import PolicyRegistry, build_registry, load_policy
+from worker.intake.recorded import RecordedPolicies, differences, read_records
 
 
 @command
 def cmd_assemble(args: argparse.Namespace) -> int:
     outputs = {"--out": args.out or "-", "--audit": args.audit, "--errors": args.errors or "-"}
-    refuse_overlaps(args.files or ["-"], outputs)
+    if args.policies == "-":
+        raise UsageError("--policies needs a file name")
+    refuse_overlaps(args.files or ["-"], {**outputs, "--policies": args.policies})
     registry = build_registry(args.policy, args.allow_policy)
+    if args.policies:
+        with file_errors(args.policies), filemode.output_file(args.policies) as records:
+            filemode.write_policies(registry, records)
     with (
         open_inputs(args.files) as sources,
         open_output("--out", outputs["--out"]) as prompts,
@@ -146,8 +160,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def full_hash(text: str) -> str:
+    """A policy hash as outputs carry it; the "sha256:" may be left out."""
+    return text if text.startswith("sha256:") else f"sha256:{text}"
+
+
+def policy_diff(recorded: RecordedPolicies, hashes: list[str]) -> int:
+    """What changed from the first recorded policy to the second: exit 1 if anything did."""
+    old, new = (recorded.record(full_hash(h)) for h in hashes)  # or PolicyNotRecorded
+    print(printable(f"--- {old.name} {old.hash} (engine {old.engine.version})"))
+    print(printable(f"+++ {new.name} {new.hash} (engine {new.engine.version})"))
+    changed = differences(old.settings, new.settings)
+    for line in changed or ["no setting differs"]:
+        print(printable(line))
+    return 1 if changed else 0
+
+
 @command
 def cmd_policy(args: argparse.Namespace) -> int:
+    if args.diff:
+        with file_errors(args.policies), open(args.policies, "rb") as stream:
+            return policy_diff(read_records(stream, args.policies), args.diff)
     policy = load_policy(args.policy)
     print(f"# {policy.name} {policy.hash}")
     print(policy.model_dump_json(indent=2))

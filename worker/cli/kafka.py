@@ -1,4 +1,5 @@
-"""The Kafka commands: worker, topics, produce, replay, and explain --kafka.
+"""The Kafka commands: worker, topics, produce, replay, redrive, explain --kafka and
+policy --diff from the policies topic.
 
 `worker.kafka` (faust, aiokafka) is imported inside each command, so the file commands never
 load a Kafka client.
@@ -14,15 +15,23 @@ from pathlib import Path
 from worker.cli.common import (
     UsageError,
     command,
+    file_errors,
     limits,
     open_inputs,
     parse_audit,
     refuse_overlaps,
 )
+from worker.cli.files import policy_diff
 from worker.diagnose.explain import UnusableInput, decision_table, printable
 from worker.engine import Policy
 from worker.intake.codec import RejectedInput, decode_event
 from worker.intake.policies import PolicyRegistry, build_registry, load_preset, preset_names
+from worker.intake.recorded import (
+    PolicyNotRecorded,
+    RecordedPolicies,
+    not_defaults,
+    read_records,
+)
 
 
 @command
@@ -88,13 +97,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.start and args.from_time:
         raise UsageError("give --from or --from-time, not both")
     refuse_overlaps([], {"--out": args.out, "--audit": args.audit, "--errors": args.errors})
+    recorded = args.policy == "recorded"
+    if args.policies and not recorded:
+        raise UsageError("--policies goes with --policy recorded")
+    quiet_kafka_client()
     settings = load_settings()
     request = ReplayRequest(
         bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
         input_topic=args.input_topic or settings.input_topic,
         prompts_topic=args.prompts_topic or settings.prompts_topic,
         audit_topic=args.audit_topic or settings.audit_topic,
-        registry=build_registry(args.policy or settings.policy_file,
+        # Under the recorded policies, the operator's are for events without a prompt.
+        registry=build_registry(settings.policy_file if recorded
+                                else args.policy or settings.policy_file,
                                 args.allow_policy or settings.allowed_policies),
         limits=limits(args),
         starts=[parse_position(p) for p in args.start],
@@ -108,6 +123,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         to_topic=args.to_topic,
         to_audit_topic=args.to_audit_topic,
         compare=args.compare,
+        recorded=recorded,
+        policies_topic=args.policies_topic or settings.policies_topic,
+        policies=policy_file(args.policies) if args.policies else None,
     )
 
     async def run() -> int:
@@ -121,6 +139,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         counts = {s: sum(c.status == s for c in report.comparisons)
                   for s in ("identical", "different", "not published")}
         summary = f"replayed {len(report.replayed)} events ({rejected} rejected)"
+        if recorded:
+            summary += (f" under the recorded policies ({report.unrecorded} without a "
+                        "published prompt, under the service policy)")
         if request.compare:
             summary += ": " + ", ".join(f"{n} {s}" for s, n in counts.items())
         if report.interrupted:
@@ -131,6 +152,69 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
 
     return asyncio.run(run())
+
+
+def policy_file(path: str) -> RecordedPolicies:
+    with file_errors(path), open(path, "rb") as stream:
+        return read_records(stream, path)
+
+
+def recorded_policies(args: argparse.Namespace, servers: str, topic: str) -> RecordedPolicies:
+    """The policy records of --policies F, else of the policies topic."""
+    import asyncio
+
+    from worker.kafka.policies import fetch_policies
+
+    if args.policies:
+        return policy_file(args.policies)
+    return asyncio.run(fetch_policies(servers, topic))
+
+
+@command
+def cmd_policy_diff(args: argparse.Namespace) -> int:
+    """policy --diff HASH_A HASH_B, from the policies topic."""
+    from worker.kafka.settings import load_settings
+
+    quiet_kafka_client()
+    settings = load_settings()
+    recorded = recorded_policies(args, args.bootstrap_servers or settings.bootstrap_servers,
+                                 args.policies_topic or settings.policies_topic)
+    return policy_diff(recorded, args.diff)
+
+
+@command
+def cmd_redrive(args: argparse.Namespace) -> int:
+    """redrive: dead letters back to the input topic, grouped by reason; a dry run unless
+    --yes."""
+    import asyncio
+
+    from worker.kafka.redrive import RedriveRequest, redrive
+    from worker.kafka.replay.reader import is_position, parse_position, parse_time
+    from worker.kafka.settings import load_settings
+
+    if args.start and args.from_time:
+        raise UsageError("give --from or --from-time, not both")
+    if args.yes and args.dry_run:
+        raise UsageError("give --yes or --dry-run, not both")
+    quiet_kafka_client()
+    settings = load_settings()
+    request = RedriveRequest(
+        bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
+        dlq_topic=args.dlq_topic or settings.dlq_topic,
+        input_topic=args.input_topic or settings.input_topic,
+        starts=[parse_position(p) for p in args.start],
+        from_ms=parse_time(args.from_time) if args.from_time else None,
+        ends=[parse_position(p) for p in args.to if is_position(p)],
+        to_ms=next((parse_time(p) for p in args.to if not is_position(p)), None),
+        count=args.count,
+        max_redrives=args.max_redrives,
+        send=args.yes,
+        max_request_size=settings.max_message_bytes,
+    )
+    report = asyncio.run(redrive(request))
+    for line in report.render(request.input_topic, request.max_redrives):
+        print(printable(line))
+    return 0
 
 
 def recorded_policy(registry: PolicyRegistry, name: str) -> Policy:
@@ -146,17 +230,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """explain REQUEST_ID --kafka: its latest audit on the audit topic, and its input."""
     import asyncio
 
-    from worker.kafka.replay.reader import parse_time
+    from worker.kafka.replay.reader import RangeError, parse_time
     from worker.kafka.replay.replay import find_recorded
     from worker.kafka.settings import load_settings
 
     if args.request_id is None:
         raise UsageError("explain --kafka needs a REQUEST_ID")
+    quiet_kafka_client()
     settings = load_settings()
     registry = build_registry(args.policy or settings.policy_file,
                               args.allow_policy or settings.allowed_policies)
+    servers = args.bootstrap_servers or settings.bootstrap_servers
     raw, audit_bytes, origin = asyncio.run(find_recorded(  # or NotRecorded
-        args.bootstrap_servers or settings.bootstrap_servers,
+        servers,
         args.audit_topic or settings.audit_topic,
         args.request_id,
         parse_time(args.from_time) if args.from_time else None,
@@ -169,6 +255,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     audit = parse_audit(audit_bytes, f"the audit of {args.request_id!r}")
     policy = recorded_policy(registry, audit.policy.name)
     print(printable(f"input {origin}"))
+    try:
+        recorded = recorded_policies(args, servers, args.policies_topic or settings.policies_topic)
+        record = recorded.record(audit.policy.hash)
+    except (PolicyNotRecorded, RangeError) as error:
+        print(printable(f"recorded policy {audit.policy.name} {audit.policy.hash}: not found "
+                        f"({error})"))
+    else:
+        policy = recorded.policy(record.hash, audit.policy.name)
+        changed = not_defaults(record)
+        print(printable(f"recorded policy {audit.policy.name} {record.hash} (engine "
+                        f"{record.engine.version}): "
+                        + ("settings that differ from the defaults:" if changed
+                           else "the defaults")))
+        for line in changed:
+            print(printable(f"  {line}"))
     if policy.hash != audit.policy.hash:
         print(printable(f"(recorded under {audit.policy.hash}; tokens of dropped chunks are "
                         f"counted under {policy.name} {policy.hash})"))

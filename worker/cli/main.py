@@ -24,6 +24,13 @@ def _explain(args: argparse.Namespace) -> int:
     return kafka.cmd_explain(args) if args.kafka else files.cmd_explain(args)
 
 
+def _policy(args: argparse.Namespace) -> int:
+    """policy --diff reads the policies topic, unless --policies names a file."""
+    if args.diff and not args.policies:
+        return kafka.cmd_policy_diff(args)
+    return files.cmd_policy(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="context-assembler", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -40,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="AssembledPrompt JSONL (default: stdout)")
     run.add_argument("--audit", help="AssemblyAudit JSONL, - for stdout (default: not written)")
     run.add_argument("--errors", help="error records JSONL (default: stderr)")
+    run.add_argument("--policies", help="write the policy records (as the worker publishes "
+                     "them on its policies topic) to this JSONL file")
     add_limits(run)
     run.set_defaults(handler=files.cmd_assemble)
 
@@ -52,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
     explain.add_argument("--audit-topic", help="default: ASSEMBLER_AUDIT_TOPIC")
     explain.add_argument("--from-time", help="search audits from this ISO-8601 time on")
+    explain.add_argument("--policies-topic", help="default: ASSEMBLER_POLICIES_TOPIC")
+    explain.add_argument("--policies", metavar="F", help="with --kafka: the policy records "
+                         "from this JSONL file (assemble --policies), not the topic")
     add_policies(explain, policy_help + " (with --kafka: ASSEMBLER_POLICY_FILE)",
                   "default: none (with --kafka: ASSEMBLER_ALLOWED_POLICIES)")
     add_limits(explain)
@@ -94,8 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     rerun.add_argument("--to", action="append", default=[], metavar="P:OFFSET|TIME",
                        help="end (exclusive): an offset of a partition, or an ISO-8601 time")
     rerun.add_argument("--count", type=int, help="stop after this many events")
-    add_policies(rerun, policy_help + " (default: ASSEMBLER_POLICY_FILE)",
+    add_policies(rerun, policy_help + ", or recorded: each event under the policy its "
+                  "published prompt names (default: ASSEMBLER_POLICY_FILE)",
                   "default: ASSEMBLER_ALLOWED_POLICIES")
+    rerun.add_argument("--policies", metavar="F", help="with --policy recorded: the policy "
+                       "records from this JSONL file (assemble --policies), not the topic")
+    rerun.add_argument("--policies-topic", help="default: ASSEMBLER_POLICIES_TOPIC")
     rerun.add_argument("--out", help="AssembledPrompt JSONL")
     rerun.add_argument("--audit", help="AssemblyAudit JSONL")
     rerun.add_argument("--errors", help="error records JSONL for rejected events")
@@ -123,9 +139,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_limits(http)
     http.set_defaults(handler=serve.cmd_serve)
 
-    show = commands.add_parser("policy", help="print the resolved policy and its hash")
+    show = commands.add_parser(
+        "policy", help="print the resolved policy and its hash, or what changed between two "
+        "recorded policies")
     show.add_argument("--policy", help=policy_help)
-    show.set_defaults(handler=files.cmd_policy)
+    show.add_argument("--diff", nargs=2, metavar=("HASH_A", "HASH_B"),
+                      help="the settings that differ between two recorded policies; exit 1 "
+                      "if any does")
+    show.add_argument("--policies", metavar="F",
+                      help="policy records JSONL (assemble --policies); default: the topic")
+    show.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
+    show.add_argument("--policies-topic", help="default: ASSEMBLER_POLICIES_TOPIC")
+    show.set_defaults(handler=_policy)
+
+    drive = commands.add_parser(
+        "redrive", help="send dead letters back to the input topic (a dry run without --yes)")
+    drive.add_argument("--from", dest="start", action="append", default=[], metavar="P:OFFSET",
+                       help="start of one DLQ partition (repeatable)")
+    drive.add_argument("--from-time", help="start of every DLQ partition at this ISO-8601 time")
+    drive.add_argument("--to", action="append", default=[], metavar="P:OFFSET|TIME",
+                       help="end (exclusive): an offset of a partition, or an ISO-8601 time")
+    drive.add_argument("--count", type=positive, help="at most this many dead letters")
+    drive.add_argument("--max-redrives", type=positive, default=3,
+                       help="skip a dead letter re-driven this many times already (default: 3)")
+    drive.add_argument("--dry-run", action="store_true",
+                       help="show what would be re-driven, grouped by reason (the default)")
+    drive.add_argument("--yes", action="store_true",
+                       help="publish the original key, value and headers to the input topic")
+    drive.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
+    drive.add_argument("--dlq-topic", help="default: ASSEMBLER_DLQ_TOPIC")
+    drive.add_argument("--input-topic", help="default: ASSEMBLER_INPUT_TOPIC")
+    drive.set_defaults(handler=kafka.cmd_redrive)
     return parser
 
 

@@ -28,6 +28,10 @@ class UnusableInput(ContextAssemblerError):
     """An input the command cannot show: an audit of another version of the event, say."""
 
 
+class ChartsUnavailable(ContextAssemblerError):
+    """A chart was asked for without the charts extra installed."""
+
+
 def passage_tokens(chunk: Chunk, policy: Policy) -> int:
     """What the chunk would cost uncompressed, labelled with its chunk_id."""
     counter = get_counter(policy.tokenizer.encoding)
@@ -104,8 +108,14 @@ def sweep_table(event: RetrievalResult, points: list[SweepPoint]) -> str:
 
 
 def sweep_chart(event: RetrievalResult, points: list[SweepPoint], path: str) -> None:
-    """A PNG: tokens used (bars) against the budget (line), passages kept on each bar."""
-    import matplotlib
+    """A PNG: tokens used (bars) against the budget (line), passages kept on each bar.
+    matplotlib is an extra (charts) so that the worker image goes without it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ChartsUnavailable(
+            "--png needs matplotlib: pip install 'context-assembler[charts]'"
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

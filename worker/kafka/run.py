@@ -8,10 +8,13 @@ import signal
 import tempfile
 
 from worker.engine.errors import ContextAssemblerError
+from worker.engine.policy import Policy
 from worker.intake.policies import build_registry
+from worker.intake.recorded import registry_policies
 from worker.kafka.observability import logs
 from worker.kafka.observability.http import HealthServer
 from worker.kafka.observability.metrics import Metrics
+from worker.kafka.policies import Recording, publish_at_start
 from worker.kafka.records import Handler, handle
 from worker.kafka.runner import EventRunner
 from worker.kafka.settings import Settings
@@ -36,11 +39,41 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
                            "guarantee": settings.processing_guarantee,
                            "input_topic": settings.input_topic, "group_id": settings.group_id},
     )
+    if not _record_policies(settings, registry_policies(registry), metrics):
+        return 0  # stopped while waiting for the policies topic
     if settings.processing_guarantee == "exactly_once":
         asyncio.run(_run_transactional(settings, runner, metrics))
         return 0
     _run_faust(settings, runner, metrics)
     return 0
+
+
+def _record_policies(settings: Settings, policies: list[Policy], metrics: Metrics) -> bool:
+    """Publish the policies before either worker consumes; SIGTERM or SIGINT while waiting
+    for the topic stops the worker (False). Meanwhile /health answers and /ready says what
+    it waits for. A loop of its own, never made the current one: faust gets the same fresh
+    event loop it gets without this step."""
+    recording = Recording()
+    server = HealthServer(metrics.exposition, lambda: False, settings.http_host,
+                          settings.http_port, recording.reason)
+
+    async def record(stop: asyncio.Event) -> bool:
+        await server.start()
+        try:
+            return await publish_at_start(settings, policies, stop, recording)
+        finally:
+            await server.stop()  # the worker's own server takes the port over
+
+    loop = asyncio.new_event_loop()
+    try:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        return loop.run_until_complete(record(stop))
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        loop.close()
 
 
 async def _run_transactional(settings: Settings, runner: EventRunner, metrics: Metrics) -> None:

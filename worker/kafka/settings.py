@@ -34,6 +34,11 @@ class Settings(BaseSettings):
     prompts_topic: str = "prompts.assembled"
     audit_topic: str = "context.audit"
     dlq_topic: str = "retrieval.results.dlq"
+    policies_topic: str = Field(
+        default="assembler.policies",
+        description="Compacted: each policy the worker assembles under, keyed by its hash, "
+        "published before any event is consumed (replay --policy recorded reads it).",
+    )
     group_id: str = "context-assembler"
     policy_file: str | None = Field(default=None, description="TOML file or preset name.")
     allowed_policies: Annotated[tuple[str, ...], NoDecode] = Field(
@@ -68,6 +73,14 @@ class Settings(BaseSettings):
     session_timeout_seconds: float = Field(
         default=10.0, ge=6, le=300, description="How long a silent replica keeps its partitions."
     )
+    group_instance_id: str | None = Field(
+        default=None,
+        description="Static group membership (KIP-345), unique and stable per replica (a "
+        "StatefulSet pod's name): restarted within the session timeout, the replica gets its "
+        "partitions back without a group-wide rebalance; killed, it holds them that long; "
+        "stopped (SIGTERM) it leaves the group at once. Default (or empty): none, a dynamic "
+        "member.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("allowed_policies", mode="before")
@@ -77,11 +90,18 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
+    @field_validator("group_instance_id", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return value.strip() or None if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _distinct_topics(self) -> Settings:
-        topics = [self.input_topic, self.prompts_topic, self.audit_topic, self.dlq_topic]
+        topics = [self.input_topic, self.prompts_topic, self.audit_topic, self.dlq_topic,
+                  self.policies_topic]
         if len(set(topics)) != len(topics):
-            raise ValueError(f"input, prompts, audit and dlq topics must differ: {topics}")
+            raise ValueError(
+                f"input, prompts, audit, dlq and policies topics must differ: {topics}")
         return self
 
     @property

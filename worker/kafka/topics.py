@@ -67,6 +67,7 @@ def worker_topics(settings: Settings, partitions: int, replication_factor: int) 
         spec(settings.prompts_topic, OUTPUT_RETENTION_MS),
         spec(settings.audit_topic, LONG_RETENTION_MS),
         spec(settings.dlq_topic, LONG_RETENTION_MS),
+        spec(settings.policies_topic, LONG_RETENTION_MS, **{"cleanup.policy": "compact"}),
     ]
 
 
@@ -188,8 +189,8 @@ class TopicWatch:
             await admin.close()
 
     def _update(self, described: list[dict[str, Any]]) -> None:
-        missing = tuple(t["topic"] for t in described
-                        if t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION)
+        unknown = {t["topic"] for t in described if t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION}
+        missing = tuple(t for t in self.topics if t in unknown)  # the broker's order varies
         for topic in sorted(set(missing) - set(self.missing)):
             log.error("topic %s does not exist; create it with `%s`", topic, CREATE_COMMAND,
                       extra={"topic": topic})

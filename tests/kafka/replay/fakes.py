@@ -77,7 +77,7 @@ class FakeReader(TopicReader):
         }
 
     async def read(
-        self, topic: str, spans: Sequence[Span]
+        self, topic: str, spans: Sequence[Span], *, compacted: bool = False
     ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
         for span in spans:
             for found in self.topics.partition(topic, span.partition):

@@ -11,10 +11,16 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import ConsumerRecord
 
 from worker.engine.errors import ContextAssemblerError
+from worker.kafka.topics import unreachable
 
+# A range ends at offsets known in advance: a fetch at a partition's end need not wait for
+# records that may come (the broker's long poll, 500 ms by default, for each read's last
+# fetches).
+FETCH_WAIT_MS = 50
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
 
@@ -67,11 +73,19 @@ class TopicReader:
             enable_auto_commit=False,
             auto_offset_reset="none",
             isolation_level="read_committed",  # never an aborted transaction's records
+            fetch_max_wait_ms=FETCH_WAIT_MS,
         )
         self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+        self._servers = bootstrap_servers
 
     async def __aenter__(self) -> TopicReader:
-        await self._admin.start()
+        """Raises TopicError when the broker cannot be reached."""
+        try:
+            await self._admin.start()
+        except KafkaConnectionError:
+            await self._consumer.stop()  # never started: only marks it closed
+            await self._admin.close()
+            raise unreachable(self._servers) from None
         try:
             await self._consumer.start()
         except BaseException:
@@ -157,11 +171,14 @@ class TopicReader:
             spans.append(Span(partition, start, min(max(stop[partition], start), end)))
         return spans
 
-    async def read(self, topic: str, spans: Sequence[Span]) -> AsyncIterator[ConsumerRecord]:
+    async def read(
+        self, topic: str, spans: Sequence[Span], *, compacted: bool = False
+    ) -> AsyncIterator[ConsumerRecord]:
         """Records of the spans, each partition in offset order, partitions interleaved.
 
         Offset gaps inside a span are normal (transaction markers, compaction); a span whose
-        first offset no longer exists is an error, since the record asked for is gone.
+        first offset no longer exists is an error, since the record asked for is gone, unless
+        the whole of a `compacted` topic is read.
         """
         todo = {TopicPartition(topic, s.partition): s for s in spans if s.end > s.start}
         if not todo:
@@ -179,7 +196,7 @@ class TopicReader:
                 for record in records:
                     if record.offset >= span.end:
                         break
-                    if tp not in started and record.offset != span.start:
+                    if not compacted and tp not in started and record.offset != span.start:
                         raise RangeError(
                             f"{topic}/{tp.partition}: offset {span.start} no longer exists "
                             f"(the next is {record.offset}): compacted or deleted")

@@ -2,26 +2,32 @@
 
 The input is read by offsets or time without a consumer group (`reader`), so the worker's
 group and its committed offsets are never touched. Each event goes through the worker's own
-`handle`, so the same policy gives the same bytes the worker published. Results are written
-whole or not at all: files are renamed into place at the end (`outputs`), topics are written
-in one transaction.
+`handle`, so the same policy gives the same bytes the worker published. Under the recorded
+policies, each event is handled under the policy whose hash its published prompt carries,
+read from the policies topic (or a file); a hash not recorded stops the replay before it
+writes anything. Results are written whole or not at all: files are renamed into place at
+the end (`outputs`), topics are written in one transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
+from pydantic import ValidationError
 
+from schemas.models import AssembledPrompt
 from worker.diagnose.compare import Comparison, compare
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Limits, encode
 from worker.intake.policies import PolicyRegistry
+from worker.intake.recorded import PinnedRegistry, PolicyNotRecorded, RecordedPolicies
+from worker.kafka.policies import read_policies
 from worker.kafka.records import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -63,6 +69,10 @@ class ReplayRequest:
     to_topic: str | None = None
     to_audit_topic: str | None = None
     compare: bool = False
+    # Under the recorded policies: from `policies` (a file's), else the policies topic.
+    recorded: bool = False
+    policies_topic: str = "assembler.policies"
+    policies: RecordedPolicies | None = None
 
 
 @dataclass
@@ -90,6 +100,13 @@ class ReplayReport:
     replayed: list[Replayed]
     comparisons: list[Comparison]
     interrupted: bool
+    # Under the recorded policies: events without a published prompt, so without a recorded
+    # policy, which were handled under the request's registry (the operator's policies).
+    unrecorded: int = 0
+
+
+Published = tuple[dict[Coordinates, bytes], dict[Coordinates, bytes]]  # prompts, audits
+ContextFor = Callable[[Coordinates], HandlerContext]
 
 
 async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
@@ -98,17 +115,85 @@ async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
     async with TopicReader(request.bootstrap_servers) as reader:
         spans = await reader.spans(request.input_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
-        replayed = await _replay_spans(reader, request, spans, stop)
-        comparisons = await _compare(reader, request, replayed) if request.compare else []
-    return ReplayReport(replayed, comparisons, stop.is_set())
+        published: Published | None = None
+        default = _handler_context(request, request.registry)
+        context_for: ContextFor = lambda _: default  # noqa: E731
+        if request.recorded:
+            published = await _published_for_spans(reader, request, spans)
+            context_for = await _recorded_contexts(reader, request, published[0], default)
+        replayed = await _replay_spans(reader, request, spans, stop, context_for)
+        comparisons = (await _compare(reader, request, replayed, published)
+                       if request.compare else [])
+    unrecorded = (sum(r.coordinates not in published[0] for r in replayed)
+                  if published is not None else 0)
+    return ReplayReport(replayed, comparisons, stop.is_set(), unrecorded)
+
+
+async def _published_for_spans(
+    reader: TopicReader, request: ReplayRequest, spans: Sequence[Span]
+) -> Published:
+    """What the worker published for the events of `spans` (the first `count`): a first
+    pass over the input finds their coordinates and earliest timestamp."""
+    wanted: set[Coordinates] = set()
+    from_ms: int | None = None
+    async for record in reader.read(request.input_topic, spans):
+        wanted.add((record.partition, record.offset))
+        if record.timestamp is not None:
+            from_ms = record.timestamp if from_ms is None else min(from_ms, record.timestamp)
+        if request.count and len(wanted) >= request.count:
+            break
+    if not wanted:
+        return {}, {}
+    return await _published_pair(reader, request, wanted, from_ms or 0)
+
+
+async def _recorded_contexts(
+    reader: TopicReader, request: ReplayRequest, prompts: dict[Coordinates, bytes],
+    default: HandlerContext,
+) -> ContextFor:
+    """For each event, the worker's handling under the policy its published prompt names
+    (and the prompt's own name for it); `default` for an event without a published prompt.
+    Raises PolicyNotRecorded, naming each hash not recorded, before anything is replayed."""
+    refs: dict[Coordinates, tuple[str, str]] = {}
+    for coordinates, prompt in prompts.items():
+        try:
+            named = AssembledPrompt.model_validate_json(prompt).policy
+        except ValidationError:
+            where = "{}/{}/{}".format(request.input_topic, *coordinates)
+            raise PolicyNotRecorded(f"the prompt published for {where} is not an "
+                                    "AssembledPrompt: its policy cannot be told") from None
+        refs[coordinates] = (named.hash, named.name)
+    recorded = request.policies
+    if recorded is None:
+        recorded = await read_policies(reader, request.policies_topic)
+    contexts: dict[tuple[str, str], HandlerContext] = {}
+    problems: dict[str, str] = {}  # hash -> why it cannot be had
+    for coordinates, ref in sorted(refs.items()):
+        if ref in contexts or ref[0] in problems:
+            continue
+        try:
+            policy = recorded.policy(*ref)
+        except PolicyNotRecorded as error:
+            where = "{}/{}/{}".format(request.input_topic, *coordinates)
+            problems[ref[0]] = f"{error} (the policy of the prompt published for {where})"
+            continue
+        contexts[ref] = _handler_context(request, PinnedRegistry(policy))
+    if problems:
+        raise PolicyNotRecorded("; ".join(problems.values()))
+
+    def context_for(coordinates: Coordinates) -> HandlerContext:
+        ref = refs.get(coordinates)
+        return default if ref is None else contexts[ref]
+
+    return context_for
 
 
 async def _replay_spans(
-    reader: TopicReader, request: ReplayRequest, spans: Sequence[Span], stop: asyncio.Event
+    reader: TopicReader, request: ReplayRequest, spans: Sequence[Span], stop: asyncio.Event,
+    context_for: ContextFor,
 ) -> list[Replayed]:
     """Handle each event of `spans` (at most `request.count`) as the worker would, and write
     the results: files renamed into place, the topic's transaction committed, at the end."""
-    context = _handler_context(request)
     total = sum(span.end - span.start for span in spans)
     replayed: list[Replayed] = []
     async with _transaction(request) as producer:
@@ -118,7 +203,7 @@ async def _replay_spans(
         ):
             async for record in reader.read(request.input_topic, spans):
                 origin, raw = Origin.from_record(record), value_of(record)
-                outcome = handle(raw, origin, context)
+                outcome = handle(raw, origin, context_for((origin.partition, origin.offset)))
                 await _write(outcome, origin, raw, files, producer)
                 replayed.append(Replayed.of(origin, outcome))
                 progress.step()
@@ -127,12 +212,12 @@ async def _replay_spans(
     return replayed
 
 
-def _handler_context(request: ReplayRequest) -> HandlerContext:
-    """The worker's handling, but outputs bound for --to-topic (if any), and dead letters
-    for no topic: a replay writes rejections to --errors only."""
+def _handler_context(request: ReplayRequest, registry: PolicyRegistry) -> HandlerContext:
+    """The worker's handling under `registry`, but outputs bound for --to-topic (if any),
+    and dead letters for no topic: a replay writes rejections to --errors only."""
     to_topic = request.to_topic
     return HandlerContext(
-        registry=request.registry,
+        registry=registry,
         limits=request.limits,
         prompts_topic=to_topic or request.prompts_topic,
         audit_topic=request.to_audit_topic
@@ -179,14 +264,20 @@ async def _write(
 
 
 async def _compare(
-    reader: TopicReader, request: ReplayRequest, replayed: Sequence[Replayed]
+    reader: TopicReader, request: ReplayRequest, replayed: Sequence[Replayed],
+    found: Published | None,
 ) -> list[Comparison]:
-    """Each replayed event beside the prompt and audit the worker published for it."""
+    """Each replayed event beside the prompt and audit the worker published for it
+    (`found`: already read)."""
     if not replayed:
         return []
-    from_ms = min((r.timestamp_ms for r in replayed if r.timestamp_ms is not None), default=0)
-    published = await published_outputs(
-        reader, request, {r.coordinates for r in replayed}, from_ms)
+    if found is None:
+        from_ms = min((r.timestamp_ms for r in replayed if r.timestamp_ms is not None),
+                      default=0)
+        found = await _published_pair(reader, request, {r.coordinates for r in replayed},
+                                      from_ms)
+    prompts, audits = found
+    published = {key: (prompts[key], audits[key]) for key in prompts if key in audits}
     return [
         compare(r.request_id, "{}/{}/{}".format(request.input_topic, *r.coordinates),
                 published.get(r.coordinates), r.result)
@@ -194,17 +285,18 @@ async def _compare(
     ]
 
 
-async def published_outputs(
+async def _published_pair(
     reader: TopicReader, request: ReplayRequest, wanted: set[Coordinates], from_ms: int
-) -> dict[Coordinates, tuple[bytes, bytes]]:
-    """The prompt and audit the worker published for each input, found by source headers.
+) -> Published:
+    """The prompts and the audits the worker published for the inputs, found by source
+    headers.
 
     Outputs carry their input's timestamp, so they all sit at or after the first output
     stamped `from_ms`; both topics are read from there to their current end.
     """
     prompts = await _published(reader, request.prompts_topic, request.input_topic, wanted, from_ms)
     audits = await _published(reader, request.audit_topic, request.input_topic, wanted, from_ms)
-    return {key: (prompts[key], audits[key]) for key in prompts if key in audits}
+    return prompts, audits
 
 
 async def _published(
