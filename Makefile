@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test lint check bench bench-kafka schemas broker-start broker-address broker-stop clean
+.PHONY: demo test lint check bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline, side 
 
 bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a real broker
 	$(BIN)/python -m bench.kafka_bench
+
+# `make chaos CHAOS=long`: >= 20,000 events and 20 faults per guarantee (about 20 minutes).
+CHAOS ?= short
+chaos: $(BIN)/context-assembler  ## faults on a 3-node cluster: out/chaos/report.json, timeline.png
+	$(BIN)/python -m bench.chaos $(if $(filter long,$(CHAOS)),--long) --out $(OUT)/chaos
 
 broker-start: $(BIN)/context-assembler  ## a local Kafka broker and the worker's topics; prints host:port
 	@PYTHON=$(BIN)/python bash scripts/kafka.sh start $(KAFKA_DIR) >/dev/null

@@ -1,22 +1,40 @@
-"""The worker through a real broker, beside a passthrough worker on the same broker.
+"""The worker through a real broker, on a ladder of contenders measured side by side.
 
-    python -m bench.kafka_bench [--events 1500] [--chunks 20] [--rate 100] [--json FILE]
+    python -m bench.kafka_bench [--events 3000] [--rounds 3] [--rate 500] [--rss-events 4000]
+                                [--json out/kafka-bench.json] [--scale] [--kills 2]
 
-For each contender (passthrough = the same faust worker with the engine taken out; worker
-= the real one; then two workers in one group), in alternating rounds on fresh topics:
-- throughput: a backlog of N events is produced first, then the worker starts; events/s is
-  N over the time from the first to the last output to arrive;
-- latency: events are produced at a fixed rate to a ready worker; latency is the output's
-  arrival minus the input's create time (outputs carry the input's timestamp).
-Target: worker throughput >= 70 % of the passthrough's.
+The ladder, each a process of its own on the same broker, in alternating rounds on fresh
+topics (the order reversed every other round, so machine noise hits them alike):
+- raw aiokafka: `bench.raw_passthrough`, the reference (getmany, gathered sends, 1 MiB
+  batches, 5 ms linger, one commit per batch);
+- faust passthrough: `bench.passthrough`, the worker's faust path with the engine taken out;
+- worker ALO, worker EOS: the worker, at_least_once (faust) and exactly_once (transactions).
 
-Commits (same run): "1 s commits" is the worker with its old cadence (faust's timer only,
-`bench.interval_commits`); its throughput is measured beside the worker's. Then, for each
-cadence, on fresh topics: events are produced at --rate while the worker is killed with
-SIGKILL --kills times (each restarted at once), and the duplicate prompts (requests answered
-more than once) are counted per kill, as a fraction of one second's events at that rate.
-Targets: worker duplicates per kill <= 5 % of one second's events; worker throughput within
-5 % of the 1 s cadence's.
+For each: throughput, a backlog of --events is produced first, then the contender starts;
+events/s is N over the time from the first to the last prompt to arrive; CPU ms per event is
+the process's CPU time (every thread) over that span, per event, and "engine ms" the
+handler's wall time per event (the worker's assembly_duration histogram): the engine thread
+waits for the GIL while the event loop runs, so a figure near the CPU one means the engine
+thread is the bottleneck, and all of the process's Python work, not the engine's alone,
+must shrink to go faster. Latency: events produced at --rate (default 500 events/s, half
+the 1,000 events/s target; half the contender's throughput in that round if less, so that
+it is not overloaded) to the running contender for --latency-seconds; latency is the
+prompt's arrival (read_committed) minus its input's create time (outputs carry the
+input's timestamp). Medians of the rounds; each contender's events/s as a share of raw
+aiokafka's in the same round, then the median of those shares.
+
+RSS: the worker (each guarantee) over --rss-events events (`--rss-events 100000` for the long
+run), fed as fast as the bench can produce; the resident set is sampled every second. Flat:
+over the run's second half the RSS rises less than --plateau-mb above its first half's peak
+(the first 10 % of the events, warm-up, left out).
+
+Optional: --scale adds two ALO workers in one group to the ladder; --kills N adds the commit
+cadence check: `bench.interval_commits` (faust's 1 s timer commits only) joins the ladder,
+then it and the worker are each fed at 50 events/s and killed with SIGKILL N times, and the
+duplicate prompts are counted per kill.
+
+Targets (issue 8): worker >= 1,000 events/s and <= 1 ms CPU an event, >= 40 % of raw
+aiokafka; p99 at half that rate <= 25 ms; RSS flat.
 """
 
 from __future__ import annotations
@@ -24,11 +42,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import statistics
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +57,42 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.corpus import Corpus
 from tests.support.broker import Broker, broker_from_env
-from tests.support.worker import Topics, WorkerProcess, produce, read_topic
+from tests.support.worker import Topics, WorkerProcess, read_topic
 from worker.intake.codec import encode
 
 PARTITIONS = 6
+ALO, EOS = "at_least_once", "exactly_once"
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+KILL_RATE = 50.0  # events/s fed to a worker being killed
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    module: str
+    guarantee: str = ALO
+    workers: int = 1
+    http: bool = True  # /ready and /metrics (raw aiokafka has neither)
+
+
+LADDER = [
+    Contender("raw aiokafka", "bench.raw_passthrough", http=False),
+    Contender("faust passthrough", "bench.passthrough"),
+    Contender("worker ALO", "worker.cli"),
+    Contender("worker EOS", "worker.cli", EOS),
+]
+SCALE = Contender("2 workers ALO", "worker.cli", workers=2)
+ONE_SECOND_COMMITS = Contender("1 s commits", "bench.interval_commits")  # beside the kills
 
 
 @dataclass
 class Result:
     name: str
     events_per_second: float
+    cpu_ms_per_event: float
+    engine_ms_per_event: float  # time in the handler (the engine thread), from /metrics
+    latency_rate: float  # events/s: --rate, or half the throughput if that is less
     p50_ms: float
     p99_ms: float
 
@@ -55,16 +102,39 @@ def make_events(count: int, chunks: int, seed: int) -> list[tuple[bytes, bytes]]
     return [(event.request_id.encode(), encode(event)) for event, _ in events]
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of the processes, every thread included."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / TICK
+
+
+def rss_mb(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 1e6
+
+
+async def fast_produce(broker: Broker, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all",
+                                linger_ms=5, max_batch_size=1_048_576)
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send(topic, value, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
 async def collect(
     broker: Broker, topic: str, count: int, timeout: float,
-    caught_up: tuple[int, asyncio.Event] | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[tuple[float, int]]:
-    """(arrival time, create timestamp ms) for `count` records of `topic`.
-
-    `caught_up` = (n, event): set the event once n records are in, so timing starts on a
-    consumer that is already reading at the head of the topic.
-    """
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
+    """(arrival time, create timestamp ms) of `count` committed records of `topic`;
+    `on_batch(records so far)` after each fetch."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers,
+                                isolation_level="read_committed", fetch_max_wait_ms=50)
     await consumer.start()
     seen: list[tuple[float, int]] = []
     try:
@@ -77,8 +147,8 @@ async def collect(
             now = time.time()
             for messages in batch.values():
                 seen.extend((now, m.timestamp) for m in messages)
-            if caught_up is not None and len(seen) >= caught_up[0]:
-                caught_up[1].set()
+            if on_batch is not None:
+                on_batch(len(seen))
     finally:
         await consumer.stop()
     if len(seen) < count:
@@ -86,44 +156,117 @@ async def collect(
     return seen
 
 
-async def run_round(broker: Broker, name: str, module: str, workers: int,
-                    events: list[tuple[bytes, bytes]], rate: float, logs: Path) -> Result:
+async def start(broker: Broker, contender: Contender, topics: Topics,
+                logs: Path) -> list[WorkerProcess]:
+    tag = contender.name.replace(" ", "-")
+    return [WorkerProcess(broker, topics, logs / f"{tag}-{topics.group}-{i}.log",
+                          guarantee=contender.guarantee, module=contender.module).start()
+            for i in range(contender.workers)]
+
+
+async def run_round(broker: Broker, contender: Contender, events: list[tuple[bytes, bytes]],
+                    args: argparse.Namespace, logs: Path) -> Result:
     topics = Topics.fresh()
     await topics.create(broker, PARTITIONS)
-    await produce(broker, topics.input, ((k, v, []) for k, v in events))
-    procs = [WorkerProcess(broker, topics, logs / f"{name}-{i}.log", module=module).start()
-             for i in range(workers)]
+    await fast_produce(broker, topics.input, events)
+    procs = await start(broker, contender, topics, logs)
+    pids = [p.process.pid for p in procs if p.process is not None]
+    marks: list[tuple[float, float]] = []  # (time, CPU seconds) at the first and last prompt
+
+    def mark(seen: int) -> None:
+        if seen and (not marks or seen >= len(events)):
+            marks.append((time.time(), cpu_seconds(pids)))
+
     try:
-        arrivals = await collect(broker, topics.prompts, len(events), timeout=600)
+        arrivals = await collect(broker, topics.prompts, len(events), 600, mark)
         times = sorted(t for t, _ in arrivals)
+        (t0, cpu0), (_, cpu1) = marks[0], marks[-1]
         throughput = (len(times) - 1) / max(times[-1] - times[0], 1e-9)
-        for proc in procs:
-            proc.wait_ready()
-        # Latency at a fixed rate, on a ready worker.
-        latency_events = events[: int(rate * 10)]
-        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
-        await producer.start()
-        ready = asyncio.Event()
-        collector = asyncio.create_task(
-            collect(broker, topics.prompts, len(events) + len(latency_events), timeout=300,
-                    caught_up=(len(events), ready)))
-        await ready.wait()
-        try:
-            for key, value in latency_events:
-                await producer.send(topics.input, value, key=key + b"-latency")
-                await asyncio.sleep(1 / rate)
-        finally:
-            await producer.stop()
-        later = (await collector)[len(events):]
-        latencies = sorted((arrival * 1000 - created) for arrival, created in later)
-        total = sum(p.metric('context_assembler_events_total{outcome="assembled"}')
-                    for p in procs)
-        assert total >= len(events) + len(latency_events), f"{name}: only {total} processed"
+        done_first = sum(1 for t in times if t <= t0)
+        cpu_ms = (cpu1 - cpu0) * 1000 / max(len(times) - done_first, 1)
+        engine_ms = 0.0
+        if contender.http:
+            for proc in procs:
+                proc.wait_ready()
+            duration = "context_assembler_assembly_duration_seconds"
+            engine_ms = 1000 * sum(p.metric(f"{duration}_sum") for p in procs) / max(
+                sum(p.metric(f"{duration}_count") for p in procs), 1)
+        rate = min(args.rate, throughput / 2)
+        latencies = await latency(broker, topics, events, len(events), rate, args)
     finally:
         for proc in procs:
             proc.stop()
-    return Result(name, throughput, statistics.median(latencies),
+    return Result(contender.name, throughput, cpu_ms, engine_ms, rate,
+                  statistics.median(latencies),
                   latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))])
+
+
+async def latency(broker: Broker, topics: Topics, events: list[tuple[bytes, bytes]],
+                  before: int, rate: float, args: argparse.Namespace) -> list[float]:
+    """Latencies (ms, sorted) of events produced at `rate` to a running contender whose
+    prompts topic holds `before` records."""
+    count = int(rate * args.latency_seconds)
+    stream = [(key + b"-latency", value) for key, value in (events * 2)[:count]]
+    ready = asyncio.Event()
+    collector = asyncio.create_task(collect(
+        broker, topics.prompts, before + count, 300,
+        lambda seen: ready.set() if seen >= before else None))
+    await ready.wait()  # the collector reads at the head of the topic
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        started = time.monotonic()
+        for n, (key, value) in enumerate(stream):  # on a fixed schedule, not sleep after sleep
+            await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+            await producer.send(topics.input, value, key=key)
+    finally:
+        await producer.stop()
+    later = (await collector)[before:]
+    return sorted(arrival * 1000 - created for arrival, created in later)
+
+
+@dataclass
+class RssRun:
+    guarantee: str
+    events: int
+    samples: list[tuple[float, int, float]] = field(default_factory=list)  # s, events, MB
+    growth_mb: float = 0.0
+    first_half_peak_mb: float = 0.0
+    ok: bool = False
+
+
+async def rss_run(broker: Broker, guarantee: str, events: list[tuple[bytes, bytes]],
+                  args: argparse.Namespace, logs: Path) -> RssRun:
+    """The worker's resident set, sampled every second over args.rss_events events."""
+    run = RssRun(guarantee, args.rss_events)
+    topics = Topics.fresh()
+    await topics.create(broker, PARTITIONS)
+    proc = WorkerProcess(broker, topics, logs / f"rss-{guarantee}.log", guarantee=guarantee)
+    proc.start()
+    assert proc.process is not None
+    pid = proc.process.pid
+    stream = [(f"rss-{n}".encode(), events[n % len(events)][1]) for n in range(args.rss_events)]
+    feeding = asyncio.create_task(fast_produce(broker, topics.input, stream))
+    try:
+        await asyncio.to_thread(proc.wait_ready)
+        began = time.monotonic()
+        done = 0
+        while done < args.rss_events:
+            await asyncio.sleep(1)
+            done = int(await asyncio.to_thread(proc.metric, "context_assembler_events_total"))
+            run.samples.append((round(time.monotonic() - began, 1), done, round(rss_mb(pid), 1)))
+            if time.monotonic() - began > args.rss_events / 50 + 120:
+                raise TimeoutError(f"rss run: {done} of {args.rss_events} events")
+        await feeding
+    finally:
+        feeding.cancel()
+        proc.stop()
+    warm = [s for s in run.samples if s[1] >= args.rss_events // 10]
+    half = len(warm) // 2
+    run.first_half_peak_mb = max((s[2] for s in warm[:half]), default=0.0)
+    run.growth_mb = max((s[2] for s in warm[half:]), default=0.0) - run.first_half_peak_mb
+    run.ok = bool(half) and run.growth_mb < args.plateau_mb
+    return run
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -131,66 +274,101 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     logs = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
     broker = broker_from_env(logs / "broker")
     broker.start()
-    contenders = [("passthrough", "bench.passthrough", 1), ("worker", "worker.cli", 1),
-                  ("1 s commits", "bench.interval_commits", 1), ("2 workers", "worker.cli", 2)]
-    results: dict[str, list[Result]] = {name: [] for name, _, _ in contenders}
+    ladder = LADDER + ([SCALE] if args.scale else []) + ([ONE_SECOND_COMMITS] if args.kills else [])
+    results: dict[str, list[Result]] = {c.name: [] for c in ladder}
+    shares: dict[str, list[float]] = {c.name: [] for c in ladder}
+    report: dict[str, Any] = {"events": args.events, "chunks": args.chunks,
+                              "rounds": args.rounds, "rate": args.rate, "logs": str(logs)}
     try:
         for round_ in range(args.rounds):
-            order = contenders if round_ % 2 == 0 else contenders[::-1]
-            for name, module, workers in order:
-                result = await run_round(broker, name, module, workers, events, args.rate, logs)
-                results[name].append(result)
-                print(f"round {round_ + 1} {name:>12}: {result.events_per_second:7.0f} events/s, "
-                      f"p50 {result.p50_ms:6.1f} ms, p99 {result.p99_ms:6.1f} ms", flush=True)
-        cadences = [("worker", "worker.cli"), ("1 s commits", "bench.interval_commits")]
-        duplicates: dict[str, list[float]] = {name: [] for name, _ in cadences}
-        for round_ in range(args.rounds):
-            for name, module in cadences if round_ % 2 == 0 else cadences[::-1]:
-                per_kill = await kill_round(broker, name, module, args, logs)
-                duplicates[name].append(per_kill)
-                print(f"round {round_ + 1} {name:>12}: {per_kill:5.1f} duplicate prompts per "
-                      f"kill -9 ({per_kill / args.rate:.1%} of one second's events)", flush=True)
+            for contender in ladder if round_ % 2 == 0 else ladder[::-1]:
+                result = await run_round(broker, contender, events, args, logs)
+                results[contender.name].append(result)
+                print(f"round {round_ + 1} {contender.name:>17}: "
+                      f"{result.events_per_second:6.0f} events/s, "
+                      f"{result.cpu_ms_per_event:5.2f} CPU ms/event (engine "
+                      f"{result.engine_ms_per_event:4.2f}); at "
+                      f"{result.latency_rate:4.0f} events/s p50 {result.p50_ms:6.1f} ms, "
+                      f"p99 {result.p99_ms:6.1f} ms", flush=True)
+            raw = results[LADDER[0].name][-1].events_per_second
+            for name, rs in results.items():
+                shares[name].append(rs[-1].events_per_second / raw)
+        rss = []
+        if args.rss_events:
+            for guarantee in (ALO, EOS):
+                run = await rss_run(broker, guarantee, events, args, logs)
+                rss.append(run)
+                print(f"RSS {guarantee}: {run.events} events, first half peak "
+                      f"{run.first_half_peak_mb:.0f} MB, second half {run.growth_mb:+.1f} MB: "
+                      f"{'FLAT' if run.ok else 'GROWING'}", flush=True)
+        if args.kills:
+            report["duplicates_per_kill"] = await kill_rounds(broker, args, logs)
     finally:
         broker.stop()
-    summary = {name: {"events_per_second": statistics.median(r.events_per_second for r in rs),
-                      "p50_ms": statistics.median(r.p50_ms for r in rs),
-                      "p99_ms": statistics.median(r.p99_ms for r in rs)}
-               for name, rs in results.items()}
-    ratio = summary["worker"]["events_per_second"] / summary["passthrough"]["events_per_second"]
-    scale = summary["2 workers"]["events_per_second"] / summary["worker"]["events_per_second"]
-    print(f"\n{args.events} events of {args.chunks} chunks, {args.rounds} rounds (medians)")
-    print(f"{'contender':>12}  {'events/s':>9}  {'p50 ms':>7}  {'p99 ms':>7}")
+        shutil.rmtree(logs / "broker", ignore_errors=True)  # GBs of topics; the logs stay
+
+    summary: dict[str, dict[str, Any]] = {
+        name: {"events_per_second": statistics.median(r.events_per_second for r in rs),
+               "cpu_ms_per_event": statistics.median(r.cpu_ms_per_event for r in rs),
+               "engine_ms_per_event": statistics.median(r.engine_ms_per_event for r in rs),
+               "latency_rate": statistics.median(r.latency_rate for r in rs),
+               "p50_ms": statistics.median(r.p50_ms for r in rs),
+               "p99_ms": statistics.median(r.p99_ms for r in rs),
+               "share_of_raw": statistics.median(shares[name]),
+               "rounds": [asdict(r) for r in rs]}
+        for name, rs in results.items() if rs}
+    print(f"\n{args.events} events of {args.chunks} chunks, {PARTITIONS} partitions, "
+          f"{args.rounds} rounds (medians)")
+    print(f"{'contender':>17}  {'events/s':>8}  {'of raw':>6}  {'CPU ms/ev':>9}  "
+          f"{'engine ms':>9}  {'latency at':>10}  {'p50 ms':>7}  {'p99 ms':>7}")
     for name, row in summary.items():
-        print(f"{name:>12}  {row['events_per_second']:9.0f}  {row['p50_ms']:7.1f}  "
-              f"{row['p99_ms']:7.1f}")
-    verdict = "PASS" if ratio >= 0.7 else "FAIL"
-    print(f"\nworker / passthrough throughput: {ratio:.0%} (target >= 70 %): {verdict}")
-    print(f"2 workers / 1 worker throughput: {scale:.2f}x (2 cores shared with the broker)")
-    cadence = summary["worker"]["events_per_second"] / summary["1 s commits"]["events_per_second"]
-    kills = {name: {"per_kill": statistics.median(counts),
-                    "per_kill_over_rate": statistics.median(counts) / args.rate,
+        print(f"{name:>17}  {row['events_per_second']:8.0f}  {row['share_of_raw']:6.0%}  "
+              f"{row['cpu_ms_per_event']:9.2f}  {row['engine_ms_per_event']:9.2f}  "
+              f"{row['latency_rate']:6.0f} e/s  "
+              f"{row['p50_ms']:7.1f}  {row['p99_ms']:7.1f}")
+    print()
+    for name in ("worker ALO", "worker EOS"):
+        if name not in summary:
+            continue  # --rounds 0: the RSS runs only
+        row = summary[name]
+        checks = [("events/s >= 1000", row["events_per_second"] >= 1000),
+                  ("CPU <= 1 ms/event", row["cpu_ms_per_event"] <= 1.0),
+                  (">= 40 % of raw", row["share_of_raw"] >= 0.4),
+                  (f"p99 <= 25 ms at {row['latency_rate']:.0f} events/s", row["p99_ms"] <= 25)]
+        print(f"{name}: " + ", ".join(f"{what} {'PASS' if ok else 'FAIL'}" for what, ok in checks))
+    report["summary"] = summary
+    report["rss"] = [asdict(run) for run in rss]
+    return report
+
+
+async def kill_rounds(broker: Broker, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    cadences = [("worker", "worker.cli"), ("1 s commits", "bench.interval_commits")]
+    duplicates: dict[str, list[float]] = {name: [] for name, _ in cadences}
+    for round_ in range(args.rounds):
+        for name, module in cadences if round_ % 2 == 0 else cadences[::-1]:
+            per_kill = await kill_round(broker, name, module, args, logs)
+            duplicates[name].append(per_kill)
+            print(f"round {round_ + 1} {name:>12}: {per_kill:5.1f} duplicate prompts per "
+                  f"kill -9 ({per_kill / KILL_RATE:.1%} of one second's events)", flush=True)
+    kills: dict[str, dict[str, Any]] = {name: {"per_kill": statistics.median(counts),
+                    "per_kill_over_rate": statistics.median(counts) / KILL_RATE,
                     "rounds": counts}
              for name, counts in duplicates.items()}
     share = kills["worker"]["per_kill_over_rate"]
-    print(f"worker / 1 s commits throughput: {cadence:.0%} (target >= 95 %): "
-          f"{'PASS' if cadence >= 0.95 else 'FAIL'}")
-    print(f"duplicate prompts per kill -9 at {args.rate:g} events/s (medians): worker "
+    print(f"duplicate prompts per kill -9 at {KILL_RATE:g} events/s (medians): worker "
           f"{kills['worker']['per_kill']:.1f} ({share:.1%} of one second's events, target "
           f"<= 5 %: {'PASS' if share <= 0.05 else 'FAIL'}), 1 s commits "
           f"{kills['1 s commits']['per_kill']:.1f} "
           f"({kills['1 s commits']['per_kill_over_rate']:.1%})")
-    return {"summary": summary, "worker_over_passthrough": ratio, "two_over_one": scale,
-            "worker_over_1s_commits": cadence, "duplicates_per_kill": kills,
-            "kills": args.kills, "rate": args.rate,
-            "events": args.events, "chunks": args.chunks, "rounds": args.rounds}
+    return kills
 
 
 async def kill_round(broker: Broker, name: str, module: str, args: argparse.Namespace,
                      logs: Path) -> float:
-    """Duplicate prompts per kill -9 of a worker fed at `args.rate` events/s."""
+    """Duplicate prompts per kill -9 of a worker fed at KILL_RATE events/s."""
     topics = Topics.fresh()
     await topics.create(broker, PARTITIONS)
-    count = int(args.rate * args.kill_seconds)
+    count = int(KILL_RATE * args.kill_seconds)
     stream = make_events(count, args.chunks, args.seed + 1)  # requests of their own
     log = logs / f"kill-{name.replace(' ', '-')}-{topics.group}.log"
     proc = WorkerProcess(broker, topics, log, module=module).start()
@@ -201,7 +379,7 @@ async def kill_round(broker: Broker, name: str, module: str, args: argparse.Name
     async def feed() -> None:
         for key, value in stream:
             await producer.send(topics.input, value, key=key)
-            await asyncio.sleep(1 / args.rate)
+            await asyncio.sleep(1 / KILL_RATE)
 
     feeding = asyncio.create_task(feed())
     try:
@@ -225,21 +403,28 @@ async def kill_round(broker: Broker, name: str, module: str, args: argparse.Name
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=1500)
+    parser.add_argument("--events", type=int, default=3000, help="backlog per throughput run")
     parser.add_argument("--chunks", type=int, default=20)
-    parser.add_argument("--rate", type=float, default=50.0, help="events/s in the latency phase")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--kills", type=int, default=2, help="kill -9 per duplicates round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=500.0, help="events/s in the latency phase")
+    parser.add_argument("--latency-seconds", type=float, default=5.0)
+    parser.add_argument("--rss-events", type=int, default=4000,
+                        help="events per RSS run (0: none; 100000 for the long run)")
+    parser.add_argument("--plateau-mb", type=float, default=16.0)
+    parser.add_argument("--scale", action="store_true", help="add two ALO workers in one group")
+    parser.add_argument("--kills", type=int, default=0, help="kill -9 per duplicates round")
     parser.add_argument("--kill-after", type=float, default=5.0,
                         help="seconds from a worker being ready (and catching up) to its kill")
     parser.add_argument("--kill-seconds", type=float, default=30.0,
                         help="length of the stream fed during the kills, in seconds")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--json", default="out/kafka-bench.json", help="write the results here")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"results: {path}")
 
 
 if __name__ == "__main__":

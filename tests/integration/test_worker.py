@@ -104,7 +104,8 @@ async def test_bad_input_goes_to_the_dead_letter_topic_and_the_stream_goes_on(
 async def test_sigkill_mid_stream_loses_nothing(broker: Broker, logs: Path, guarantee: str) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
-    lines = events(400)
+    total = 2000  # enough that the kill lands mid-stream, however fast the worker is
+    lines = events(total)
     worker = WorkerProcess(broker, topics, logs / "first.log", guarantee=guarantee,
                            extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
     worker.wait_ready()
@@ -112,18 +113,18 @@ async def test_sigkill_mid_stream_loses_nothing(broker: Broker, logs: Path, guar
     await wait_for(lambda: worker.metric('context_assembler_events_total{outcome="assembled"}') >= 60)
     worker.kill()  # SIGKILL: no goodbye, no final commit
     killed_after = len(await read_topic(broker, topics.prompts, until=0, timeout=3))
-    assert killed_after < 400, "the kill came too late to test anything"
+    assert killed_after < total, "the kill came too late to test anything"
     again = WorkerProcess(broker, topics, logs / "second.log", guarantee=guarantee,
                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
     try:
         again.wait_ready()
         committed = guarantee == "exactly_once"
-        prompts = await read_topic(broker, topics.prompts, until=400, committed_only=committed,
+        prompts = await read_topic(broker, topics.prompts, until=total, committed_only=committed,
                                    settle=3)
         ids = [json.loads(r.value)["request_id"] for r in prompts]
         assert set(ids) == {json.loads(line)["request_id"] for line in lines}
         if committed:
-            assert len(ids) == 400, f"{len(ids) - 400} duplicates under exactly_once"
+            assert len(ids) == total, f"{len(ids) - total} duplicates under exactly_once"
     finally:
         again.stop()
 

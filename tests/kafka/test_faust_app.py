@@ -4,10 +4,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
+
+from faust.assignor.client_assignment import CopartitionedAssignment
+from faust.assignor.copartitioned_assignor import CopartitionedAssignor
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.kafka.test_records import STAMPS
-from worker.kafka.faust_app import COMMIT_GAP_SECONDS, _commit_delivered, seconds
+from worker.engine.policy import Policy
+from worker.intake.policies import PolicyRegistry
+from worker.kafka.faust_app import (
+    COMMIT_GAP_SECONDS,
+    _commit_delivered,
+    _next_batch,
+    build_app,
+    seconds,
+)
+from worker.kafka.observability.metrics import Metrics
+from worker.kafka.runner import ENGINE_BATCH, EventRunner
+from worker.kafka.settings import Settings
 
 
 def faust_send_ms(timestamp: float | None) -> float | None:
@@ -78,3 +96,50 @@ async def test_a_commit_in_progress_survives_the_agent_being_cancelled() -> None
     assert commits.cancelled() and not inner.done()  # faust's books stay whole
     consumer.gate.set()
     await asyncio.wait_for(inner, 1)
+
+
+async def next_batch(arrived: asyncio.Queue[Any]) -> Any:
+    return await _next_batch(arrived)
+
+
+async def test_a_batch_is_what_arrived_meanwhile_up_to_its_size_and_none_once_reading_ends() -> None:
+    arrived: asyncio.Queue[Any] = asyncio.Queue()
+    for n in range(ENGINE_BATCH + 3):
+        arrived.put_nowait(n)
+    assert await next_batch(arrived) == list(range(ENGINE_BATCH))
+    assert await next_batch(arrived) == [ENGINE_BATCH, ENGINE_BATCH + 1, ENGINE_BATCH + 2]
+    waiting = asyncio.create_task(next_batch(arrived))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # at least one event: it waits for it
+    arrived.put_nowait("late")
+    assert await asyncio.wait_for(waiting, 1) == ["late"]
+    arrived.put_nowait("unhandled")
+    arrived.put_nowait(None)  # reading ended: what is left stays unacked
+    assert await next_batch(arrived) is None
+
+
+def test_a_worker_joining_a_balanced_group_gets_partitions(tmp_path: Path) -> None:
+    """faust's assignor is sticky: a member keeps what it holds up to a capacity, which with
+    standby replicas (faust's default: 1) is ceil(partitions / members). A 4th worker joining
+    3 that held 2 of 6 partitions each got none, for as long as the group stayed so."""
+    config = Settings(bootstrap_servers="127.0.0.1:1")
+    app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
+                    str(tmp_path))
+    replicas = app.assignor.replicas
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.data())
+    def joining(data: st.DataObject) -> None:
+        partitions = data.draw(st.integers(2, 24), label="partitions")
+        members = data.draw(st.integers(1, partitions - 1), label="members")  # room for one more
+        held = {f"w{m}": CopartitionedAssignment(actives=set(range(m, partitions, members)),
+                                                 standbys=set(), topics={"in"})
+                for m in range(members)}
+        held["new"] = CopartitionedAssignment(actives=set(), standbys=set(), topics={"in"})
+        assigned = CopartitionedAssignor(topics={"in"}, cluster_asgn=held,
+                                         num_partitions=partitions,
+                                         replicas=replicas).get_assignment()
+        assert assigned["new"].actives, f"{members} members held {partitions} partitions"
+        assert sorted(p for a in assigned.values() for p in a.actives) == list(range(partitions))
+
+    joining()

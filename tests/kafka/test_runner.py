@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 from aiokafka.errors import (
@@ -21,7 +22,15 @@ from worker.engine.policy import Policy
 from worker.intake.policies import PolicyRegistry
 from worker.kafka import runner as runner_module
 from worker.kafka.observability.metrics import Metrics
-from worker.kafka.records import ERR, OutRecord, record_size
+from worker.kafka.records import (
+    ERR,
+    HandlerContext,
+    Origin,
+    Outcome,
+    OutRecord,
+    handle,
+    record_size,
+)
 from worker.kafka.runner import EventRunner, Stopped, persistent, too_large
 from worker.kafka.settings import Settings
 
@@ -137,4 +146,130 @@ async def test_stop_cancels_a_delivery_still_hanging_after_half_the_grace_period
     await runner.drained()
     assert task.cancelled()
     assert 0.15 <= asyncio.get_running_loop().time() - started < 0.35
+    runner.close()
+
+
+def origins(count: int) -> list[Origin]:
+    return [Origin("retrieval.results", 0, offset, b"k", (), 1_700_000_000_000)
+            for offset in range(count)]
+
+
+async def test_a_batch_is_handled_in_one_trip_and_in_order() -> None:
+    events = [(GOOD, o) for o in origins(3)] + [(b"{bad", origins(4)[3])]
+    threads: list[int] = []
+
+    def counting(raw: bytes, at: Origin, context: HandlerContext) -> Outcome:
+        threads.append(threading.get_ident())
+        return handle(raw, at, context)
+
+    settings = Settings.model_validate({"prompts_topic": "prompts", "audit_topic": "audit",
+                                        "dlq_topic": "dlq"})
+    runner = EventRunner(settings, PolicyRegistry(Policy()), Metrics(), counting)
+    outcomes = await runner.process_all(events)
+    assert [o.rejected is None for o in outcomes] == [True, True, True, False]
+    assert len(set(threads)) == 1 and threads[0] != threading.get_ident()  # the engine thread
+    assert runner.metrics.in_flight._value.get() == 4  # in flight until settled
+    runner.close()
+
+
+class Producer:
+    """Hands out acknowledgements the test settles; `refuse` fails a record at once."""
+
+    def __init__(self, refuse: Callable[[OutRecord], bool] = lambda record: False) -> None:
+        self.sent: list[OutRecord] = []
+        self.pending: list[tuple[OutRecord, asyncio.Future[object]]] = []
+        self.refuse = refuse
+
+    async def enqueue(self, origin: Origin, record: OutRecord) -> asyncio.Future[object]:
+        if self.refuse(record):
+            raise KafkaTimeoutError()  # no metadata for its topic, say
+        self.sent.append(record)
+        acknowledged: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.pending.append((record, acknowledged))
+        return acknowledged
+
+    def acknowledge(self, fail: Callable[[OutRecord], bool] = lambda record: False) -> None:
+        for record, acknowledged in self.pending:
+            if not acknowledged.done():
+                if fail(record):
+                    acknowledged.set_exception(NotLeaderForPartitionError())
+                else:
+                    acknowledged.set_result(None)
+
+
+async def test_a_batch_is_sent_at_once_and_only_its_failed_records_are_sent_again() -> None:
+    runner = make()
+    batch = origins(3)
+    outcomes = await runner.process_all([(GOOD, o) for o in batch])
+    producer = Producer()
+    task = asyncio.create_task(runner.deliver_all(
+        [(GOOD, o, outcome) for o, outcome in zip(batch, outcomes, strict=True)],
+        producer.enqueue))
+    await asyncio.sleep(0.01)
+    assert len(producer.sent) == 6 and not task.done()  # every record before any ack
+    failing = producer.sent[3]  # the second event's audit
+    producer.acknowledge(fail=lambda record: record is failing)
+    await asyncio.sleep(0.01)
+    assert len(producer.sent) == 7 and producer.sent[6] == failing  # only it, again
+    assert runner.metrics.in_flight._value.get() == 1  # the other two are settled
+    assert runner.metrics.retries._value.get() == 1
+    producer.acknowledge()
+    await asyncio.wait_for(task, 1)
+    assert runner.metrics.in_flight._value.get() == 0
+    runner.close()
+
+
+async def test_after_a_record_the_producer_refuses_the_rest_go_event_by_event() -> None:
+    runner = make(retry_backoff_max_seconds=0.05)
+    batch = origins(2)
+    outcomes = await runner.process_all([(GOOD, o) for o in batch])
+    refusing = [True]
+    producer = Producer(refuse=lambda record: refusing[0] and record.topic == "audit")
+    task = asyncio.create_task(runner.deliver_all(
+        [(GOOD, o, outcome) for o, outcome in zip(batch, outcomes, strict=True)],
+        producer.enqueue))
+    await asyncio.sleep(0.01)
+    # The first prompt went out; its audit was refused, so the second event was not tried
+    # in the batch: its prompt and audit go with the retries, each once until acked.
+    assert [r.topic for r in producer.sent[:1]] == ["prompts"]
+    refusing[0] = False
+    while not task.done():
+        producer.acknowledge()
+        await asyncio.sleep(0.01)
+    await task
+    assert sorted(r.topic for r in producer.sent) == ["audit", "audit", "prompts", "prompts"]
+    assert runner.metrics.in_flight._value.get() == 0
+    runner.close()
+
+
+async def test_a_batch_cancelled_while_sending_is_settled_as_not_delivered() -> None:
+    runner = make()
+    batch = origins(2)
+    outcomes = await runner.process_all([(GOOD, o) for o in batch])
+    producer = Producer()
+    task = asyncio.create_task(runner.deliver_all(
+        [(GOOD, o, outcome) for o, outcome in zip(batch, outcomes, strict=True)],
+        producer.enqueue))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert runner.metrics.in_flight._value.get() == 0
+    runner.close()
+
+
+async def test_a_record_refused_in_a_batch_is_sent_alone_before_anything_is_learned() -> None:
+    runner = make()
+    outcome = await runner.process(GOOD, origin())
+    alone: list[OutRecord] = []
+
+    async def batched(record: OutRecord) -> None:
+        raise wrapped(MessageSizeTooLargeError())  # its batch was over the topic's limit
+
+    async def send_alone(record: OutRecord) -> None:
+        alone.append(record)
+
+    await runner.deliver(GOOD, origin(), outcome, batched, send_alone)
+    assert sorted(r.topic for r in alone) == ["audit", "prompts"]  # as they were: no dead letter
+    assert runner.batch_bytes == runner_module.PRODUCER_BATCH_BYTES  # nothing learned
     runner.close()

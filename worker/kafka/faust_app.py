@@ -9,6 +9,12 @@ acknowledged), and acks strictly in input order: an event is acked once its own 
 and those of every event before it are acknowledged. The next events are assembled while
 earlier ones are still being delivered, at most MAX_IN_FLIGHT at a time.
 
+Batches: the events that arrived while the last batch was assembled (up to ENGINE_BATCH)
+go to the engine thread in one call and are delivered as one task, their records handed to
+the producer at once to share its batches (1 MiB, 5 ms linger); the batch is acked, in
+order, once all of them are acknowledged. A record the broker refuses as too large may
+only have shared a batch over the topic's limit: it is sent again alone (`_LoneProducer`).
+
 Stopping: faust waits for every event it handed out to be acked before it commits and leaves
 the group (`stream_wait_empty`), which never happens while sends fail: SIGTERM was ignored.
 So `FaustWorker` first ends the deliveries (EventRunner.stop: no more retries, cancelled
@@ -30,16 +36,22 @@ import asyncio
 import logging
 import signal
 from collections import deque
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Awaitable, Callable
 
 import faust
+from aiokafka import AIOKafkaProducer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 from faust.types.transports import TransportT
 
+from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from worker.kafka.records import Origin, OutRecord, value_of
-from worker.kafka.runner import EventRunner, Stopped
+from worker.kafka.runner import (
+    ENGINE_BATCH,
+    PRODUCER_LINGER_MS,
+    EventRunner,
+    Stopped,
+)
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,11 +83,18 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> faust.Ap
         producer_acks=-1,
         producer_max_request_size=settings.max_message_bytes,
         producer_request_timeout=REQUEST_TIMEOUT_SECONDS,
+        producer_max_batch_size=runner.batch_bytes,
+        producer_linger=PRODUCER_LINGER_MS / 1000,
         broker_commit_interval=COMMIT_INTERVAL_SECONDS,
         # A killed replica holds its partitions until this runs out (faust's default: 60 s).
         broker_session_timeout=settings.session_timeout_seconds,
-        broker_heartbeat_interval=settings.session_timeout_seconds / 3,
+        broker_heartbeat_interval=HEARTBEAT_INTERVAL_SECONDS,  # a rebalance heard within 1 s
+        consumer_group_instance_id=settings.group_instance_id,  # static membership if set
         topic_disable_leader=True,  # no extra "<app>-__assignor-__leader" topic
+        # No tables, so no standbys. faust's default (1) also keeps its sticky assignor from
+        # taking partitions off a worker holding ceil(partitions / workers): a 4th worker
+        # joining 3 on 6 partitions got none, for good. With 0 it balances to the floor.
+        table_standby_replicas=0,
         topic_allow_declare=False,  # topics are created by operations, not by the worker
         web_enabled=False,  # our own /metrics, /health, /ready (worker.kafka.observability.http)
         autodiscover=False,
@@ -83,48 +102,78 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> faust.Ap
     )
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
-    async def send(timestamp_ms: int | None, record: OutRecord) -> None:
-        await app.producer.send_and_wait(
-            record.topic, record.key, record.value, None, seconds(timestamp_ms),
+    async def enqueue(origin: Origin, record: OutRecord) -> Awaitable[object]:
+        return await app.producer.send(
+            record.topic, record.key, record.value, None, seconds(origin.timestamp_ms),
             list(record.headers),
         )
 
+    lone = _LoneProducer(settings)
+
     @app.agent(source, concurrency=1)
     async def assemble(stream: faust.StreamT[bytes]) -> None:
-        in_flight: deque[tuple[EventT[bytes], asyncio.Task[None]]] = deque()
+        in_flight: deque[tuple[list[EventT[bytes]], asyncio.Task[None]]] = deque()
         room = asyncio.Semaphore(MAX_IN_FLIGHT)
+        arrived: asyncio.Queue[EventT[bytes] | None] = asyncio.Queue()  # None: reading ended
         acked = asyncio.Event()
 
         def ack_delivered(_: object = None) -> None:
             while in_flight and in_flight[0][1].done():
                 if not _delivered(in_flight[0][1]):
-                    return  # stopping: neither this event nor any later one is acked
-                event, _task = in_flight.popleft()
-                event.ack()
+                    return  # stopping: neither this batch nor any later one is acked
+                events, _task = in_flight.popleft()
+                for event in events:
+                    event.ack()
+                    room.release()
                 acked.set()
-                room.release()
+
+        async def read() -> None:
+            try:
+                manual_acks = stream.noack()  # type: ignore[attr-defined]  # on Stream only
+                async for event in manual_acks.events():
+                    await room.acquire()
+                    arrived.put_nowait(event)
+            finally:
+                arrived.put_nowait(None)
 
         commits = asyncio.create_task(_commit_delivered(app, acked, runner.stopping))
+        reading = asyncio.create_task(read())
         try:
-            manual_acks = stream.noack()  # type: ignore[attr-defined]  # on Stream, not StreamT
-            async for event in manual_acks.events():
-                await room.acquire()
-                origin = Origin.from_record(event.message)
-                raw = value_of(event.message)
-                outcome = await runner.process(raw, origin)
+            while (events := await _next_batch(arrived)) is not None:
+                inputs = [(value_of(e.message), Origin.from_record(e.message)) for e in events]
+                outcomes = await runner.process_all(inputs)
                 if runner.stopping.is_set():
                     # Unacked, so never committed, and unpublished, so redone once only:
                     # wait here until faust cancels the agent.
                     await asyncio.get_running_loop().create_future()
-                task = runner.spawn(
-                    runner.deliver(raw, origin, outcome, partial(send, origin.timestamp_ms))
-                )
-                in_flight.append((event, task))
+                task = runner.spawn(runner.deliver_all(
+                    [(raw, origin, outcome) for (raw, origin), outcome in zip(
+                        inputs, outcomes, strict=True)],
+                    enqueue, lone.send,
+                ))
+                in_flight.append((events, task))
                 task.add_done_callback(ack_delivered)
+            await reading  # it ended: raise its error, if any
         finally:
             commits.cancel()
+            reading.cancel()
+            await lone.stop()
 
     return app
+
+
+async def _next_batch(arrived: asyncio.Queue[EventT[bytes] | None]) -> list[EventT[bytes]] | None:
+    """The events that arrived while the last batch was handled (at least one, waiting for
+    it; at most ENGINE_BATCH), or None once reading has ended. No timer: a batch never
+    waits for more events than are there."""
+    event = await arrived.get()
+    events: list[EventT[bytes]] = []
+    while event is not None:
+        events.append(event)
+        if len(events) >= ENGINE_BATCH or arrived.empty():
+            return events
+        event = arrived.get_nowait()
+    return None  # what was read but not handled stays unacked: redone by the next owner
 
 
 async def _commit_delivered(app: faust.App, acked: asyncio.Event, stopping: asyncio.Event) -> None:
@@ -145,6 +194,40 @@ async def _commit_delivered(app: faust.App, acked: asyncio.Event, stopping: asyn
         await asyncio.sleep(COMMIT_GAP_SECONDS)
 
 
+class _LoneProducer:
+    """Sends a record refused as too large once more, in a batch of its own: faust's
+    producer batches records, and the broker refuses a batch over a topic's limit as if
+    its every record were too large (`EventRunner.retry_forever`). Started on first use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._producer: AIOKafkaProducer | None = None
+        self._starting = asyncio.Lock()
+
+    async def send(self, origin: Origin, record: OutRecord) -> None:
+        async with self._starting:
+            if self._producer is None:
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self._settings.bootstrap_servers, acks="all",
+                    max_batch_size=1,  # no second record fits
+                    max_request_size=self._settings.max_message_bytes,
+                    request_timeout_ms=int(REQUEST_TIMEOUT_SECONDS * 1000),
+                )
+                try:
+                    await producer.start()
+                except BaseException:
+                    await producer.stop()
+                    raise
+                self._producer = producer
+        await self._producer.send_and_wait(
+            record.topic, record.value, record.key, timestamp_ms=origin.timestamp_ms,
+            headers=list(record.headers))
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+
 class _Consumer(faust_aiokafka.Consumer):
     """faust's consumer, committing acked offsets before partitions are revoked: faust
     drops the acked, uncommitted offsets of revoked partitions first thing, and their next
@@ -154,6 +237,17 @@ class _Consumer(faust_aiokafka.Consumer):
         if COMMIT_ON_DELIVERY:
             await self.commit(revoked)
         await super().on_partitions_revoked(revoked)
+
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Leaves the group when stopped, static member or not (worker.kafka.membership)."""
+
+    async def on_thread_stop(self) -> None:
+        leave_on_stop(self._consumer)
+        await super().on_thread_stop()
 
 
 class _Transport(faust_aiokafka.Transport):

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
@@ -55,7 +55,18 @@ from worker.kafka.records import (
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
+# Producer batches, both paths: up to 1 MiB (or max_message_bytes, if less), sent 5 ms after
+# their first record at the latest. The clients' defaults (16 KB, no linger) sent almost
+# every output in a request of its own.
+PRODUCER_BATCH_BYTES = 1_048_576
+PRODUCER_LINGER_MS = 5
+# Events handed to the engine thread in one call, at most (`process_all`).
+ENGINE_BATCH = 64
 Send = Callable[[OutRecord], Awaitable[object]]
+# Hands a record of the event at Origin to the producer; the awaitable it returns is done
+# once the broker acknowledged the record (or failed with the reason it did not).
+Enqueue = Callable[[Origin, OutRecord], Awaitable[Awaitable[object]]]
+SendAlone = Callable[[Origin, OutRecord], Awaitable[object]]  # in a batch of its own
 
 
 class Stopped(Exception):
@@ -147,16 +158,32 @@ class EventRunner:
         """Why delivery is stuck until an operator acts, or None; /ready is false meanwhile."""
         return next(iter(self.stuck.values()), None)
 
-    def _handle(self, raw: bytes, origin: Origin) -> tuple[Outcome, float]:
-        started = time.perf_counter()
-        outcome = self._handler(raw, origin, self._context)
-        return outcome, time.perf_counter() - started
+    def _handle(self, events: Sequence[tuple[bytes, Origin]]) -> list[tuple[Outcome, float]]:
+        handled = []
+        for raw, origin in events:
+            started = time.perf_counter()
+            outcome = self._handler(raw, origin, self._context)
+            handled.append((outcome, time.perf_counter() - started))
+        return handled
 
     async def process(self, raw: bytes, origin: Origin) -> Outcome:
         """The event's outcome; the event is in flight until `settle`d."""
+        return (await self.process_all([(raw, origin)]))[0]
+
+    async def process_all(self, events: Sequence[tuple[bytes, Origin]]) -> list[Outcome]:
+        """The events' outcomes, in order, from one trip to the engine thread: a trip per
+        event cost more than the Kafka path it feeds. Each event is in flight until `settle`d."""
         loop = asyncio.get_running_loop()
         received_ns = time.time_ns() if self.tracing.enabled else 0
-        outcome, seconds = await loop.run_in_executor(self._executor, self._handle, raw, origin)
+        handled = await loop.run_in_executor(self._executor, self._handle, events)
+        return [
+            self._processed(raw, origin, outcome, seconds, received_ns)
+            for (raw, origin), (outcome, seconds) in zip(events, handled, strict=True)
+        ]
+
+    def _processed(
+        self, raw: bytes, origin: Origin, outcome: Outcome, seconds: float, received_ns: int
+    ) -> Outcome:
         if self._limits:
             outcome = fit(outcome, raw, origin, self._context, self._limits)
         self.metrics.observe(outcome.assembly, outcome.rejected, seconds)
@@ -170,7 +197,7 @@ class EventRunner:
                 extra={"request_id": outcome.rejected.request_id, "origin": str(origin),
                        "reason": outcome.rejected.reason},
             )
-        elif outcome.assembly is not None:
+        elif outcome.assembly is not None and log.isEnabledFor(logging.DEBUG):
             audit = outcome.assembly.audit
             log.debug(
                 "assembled", extra={"request_id": audit.request_id, "origin": str(origin),
@@ -239,6 +266,11 @@ class EventRunner:
 
         self.metrics.lag.source = lag
 
+    @property
+    def batch_bytes(self) -> int:
+        """The producers' batch size: no batch may be larger than a topic takes."""
+        return min(PRODUCER_BATCH_BYTES, self.settings.max_message_bytes, *self._limits.values())
+
     def learn(self, record: OutRecord) -> bool:
         """The broker refused `record` as too large (its topic's max.message.bytes is below
         max_message_bytes): keep later records for that topic smaller. False if no smaller
@@ -261,12 +293,15 @@ class EventRunner:
 
     async def retry_forever(
         self, what: str, attempt: Callable[[], Awaitable[object]],
-        refusable: OutRecord | None = None,
+        refusable: OutRecord | None = None, alone: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         """Run `attempt` until it succeeds: giving up would mean acking an unanswered event.
 
         Raises Stopped once the worker stops, and _Refused if `refusable`, the record being
         sent, is refused as too large and `learn` says a smaller one can stand in for it.
+        `alone` sends the record in a batch of its own: the broker refuses a batch over the
+        topic's limit as if its every record were too large, so a refused record is tried
+        alone, from then on, before anything is learned from its refusal.
         """
         attempts = Attempts(self, what)
         try:
@@ -277,33 +312,96 @@ class EventRunner:
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:
-                    if refusable is not None and too_large(error) and self.learn(refusable):
-                        raise _Refused from error
+                    if refusable is not None and too_large(error):
+                        if alone is not None:
+                            attempt, alone = alone, None
+                            continue
+                        if self.learn(refusable):
+                            raise _Refused from error
                     await attempts.failed(error)
         finally:
             attempts.close()
 
-    async def deliver(self, raw: bytes, origin: Origin, outcome: Outcome, send: Send) -> None:
+    async def deliver(
+        self, raw: bytes, origin: Origin, outcome: Outcome, send: Send, alone: Send | None = None
+    ) -> None:
         """Send each record of `outcome` until the broker acknowledges it.
 
-        A record refused as too large turns the event into what `fit` makes of it under the
-        learned limit: an output_too_large dead letter (the event's other output may already
-        be published: at least once allows it) or a shorter dead letter. Settles the event.
+        A record refused as too large (by `alone` too, if given: see `retry_forever`) turns
+        the event into what `fit` makes of it under the learned limit: an output_too_large
+        dead letter (the event's other output may already be published: at least once allows
+        it) or a shorter dead letter. Settles the event.
         """
         try:
-            await self._deliver(raw, origin, outcome, send)
+            await self._deliver(raw, origin, outcome, send, alone)
         except BaseException as error:
             self.settle(origin, error)
             raise
         self.settle(origin)
 
-    async def _deliver(self, raw: bytes, origin: Origin, outcome: Outcome, send: Send) -> None:
+    async def deliver_all(
+        self, events: Sequence[tuple[bytes, Origin, Outcome]], enqueue: Enqueue,
+        alone: SendAlone | None = None,
+    ) -> None:
+        """`deliver` the events together: `enqueue(event's origin, record)` hands a record
+        to the producer and returns its acknowledgement, so every record of the batch shares
+        the producer's batches with no task per record. The records that fail are handed
+        to `deliver`, event by event. Raises the first error once every delivery has ended."""
+        sent: list[tuple[int, OutRecord, asyncio.Future[object]]] = []  # event's index
+        failed: dict[int, list[tuple[OutRecord, BaseException | None]]] = {}  # None: not tried
+        try:
+            for index, (_, origin, outcome) in enumerate(events):
+                for record in outcome.records:
+                    if failed:  # the rest go event by event, concurrently, as `deliver` does
+                        failed.setdefault(index, []).append((record, None))
+                        continue
+                    try:
+                        acknowledged: asyncio.Future[object] = asyncio.ensure_future(
+                            await enqueue(origin, record))
+                    except Exception as refused:  # before sending: too large, no metadata
+                        failed[index] = [(record, refused)]
+                        continue
+                    sent.append((index, record, acknowledged))
+            if sent:
+                await asyncio.wait([acknowledged for _, _, acknowledged in sent])
+        except BaseException as stopped:  # cancelled: stopping
+            for _, origin, _outcome in events:
+                self.settle(origin, stopped)
+            raise
+        for index, record, acknowledged in sent:
+            if acknowledged.cancelled():
+                failed.setdefault(index, []).append((record, asyncio.CancelledError()))
+            elif (error := acknowledged.exception()) is not None:
+                failed.setdefault(index, []).append((record, error))
+        retries = []
+        for index, (raw, origin, outcome) in enumerate(events):
+            if index not in failed:
+                self.settle(origin)
+                continue
+            for record, cause in failed[index]:
+                if cause is not None:
+                    self.metrics.retries.inc()
+                    log.warning("produce to %s failed, retrying: %r", record.topic, cause)
+            left = tuple(record for record in outcome.records
+                         if any(record is r for r, _ in failed[index]))
+            retries.append(self.deliver(
+                raw, origin, Outcome(left, outcome.assembly, outcome.rejected),
+                partial(_send, enqueue, origin), partial(alone, origin) if alone else None))
+        results = await asyncio.gather(*retries, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _deliver(
+        self, raw: bytes, origin: Origin, outcome: Outcome, send: Send, alone: Send | None
+    ) -> None:
         refusable = True
         while True:
             records = outcome.records
             sends = (
                 self.retry_forever(
-                    f"produce to {r.topic}", partial(send, r), r if refusable else None
+                    f"produce to {r.topic}", partial(send, r), r if refusable else None,
+                    partial(alone, r) if alone else None,
                 )
                 for r in records
             )
@@ -363,6 +461,10 @@ class EventRunner:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self.tracing.shutdown()
+
+
+async def _send(enqueue: Enqueue, origin: Origin, record: OutRecord) -> None:
+    await (await enqueue(origin, record))
 
 
 def _exit_now(grace: float) -> None:

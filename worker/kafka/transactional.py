@@ -13,8 +13,11 @@ replica fence its predecessor and abort its open transaction at once.
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
 transaction: a failed one aborts it and the batch is read again from the committed offsets.
-A record refused as too large teaches the runner that topic's limit, so the replayed batch
-turns that event into a dead letter instead (`EventRunner.learn`). aiokafka counts the
+Records go out in producer batches (up to 1 MiB, 5 ms linger), and the broker refuses a
+batch over a topic's limit as if its every record were too large; so a refusal first
+replays the batch with one record per producer batch. A record refused alone teaches the
+runner that topic's limit, so the replayed batch turns that event into a dead letter instead
+(`EventRunner.learn`), and later batches stay within every limit learned. aiokafka counts the
 refused records in its idempotence sequence all the same, and the broker then refuses every
 later send to that partition as out of order: a new producer (a new epoch) starts afresh.
 """
@@ -30,8 +33,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
 from aiokafka.structs import OffsetAndMetadata
 
+from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from worker.kafka.records import Origin, OutRecord, value_of
-from worker.kafka.runner import Attempts, EventRunner, Stopped, too_large
+from worker.kafka.runner import (
+    ENGINE_BATCH,
+    PRODUCER_LINGER_MS,
+    Attempts,
+    EventRunner,
+    Stopped,
+    too_large,
+)
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,10 +50,21 @@ BATCH_RECORDS = 200
 
 
 class _Assignment(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self) -> None:
+    """The partitions held, and the open transaction a rebalance must wait for: revoked
+    while it is open, its partitions' next owner would read from the offsets committed
+    before it, and redo its events once it commits (seen as duplicates by read_committed
+    readers whenever partitions moved between live workers)."""
+
+    def __init__(self, wait_seconds: float) -> None:
         self.partitions: set[TopicPartition] = set()
+        self.open: asyncio.Task[None] | None = None
+        self._wait_seconds = wait_seconds
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        if self.open is not None and not self.open.done():
+            # Bounded: a transaction stuck on a failing broker is aborted by its own error
+            # path, and its batch is then read again from the committed offsets anyway.
+            await asyncio.wait({self.open}, timeout=self._wait_seconds)
         self.partitions -= set(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
@@ -61,10 +83,11 @@ class TransactionalWorker:
     def __init__(self, settings: Settings, runner: EventRunner) -> None:
         self.settings = settings
         self.runner = runner
-        self.assignment = _Assignment()
+        self.assignment = _Assignment(settings.session_timeout_seconds)
         runner.metrics.assigned.set_function(lambda: len(self.assignment.partitions))
         self.healthy = False
         self._attempts: Attempts | None = None  # while transactions keep failing
+        self._batch_bytes = runner.batch_bytes  # 1 while telling which record was refused
         self._producer = self._new_producer()
 
     def ready(self) -> bool:
@@ -78,9 +101,11 @@ class TransactionalWorker:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers,
             group_id=settings.group_id,
+            group_instance_id=settings.group_instance_id,  # static membership if set
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             session_timeout_ms=int(settings.session_timeout_seconds * 1000),
+            heartbeat_interval_ms=int(HEARTBEAT_INTERVAL_SECONDS * 1000),
             isolation_level="read_committed",
         )
         consumer.subscribe([settings.input_topic], listener=self.assignment)
@@ -94,7 +119,8 @@ class TransactionalWorker:
                 if batch:
                     # A task, so that stopping can cancel it: an open transaction is aborted,
                     # and its batch is read again by the partitions' next owner.
-                    task = self.runner.spawn(self._transact(consumer, batch))
+                    task = self.assignment.open = self.runner.spawn(
+                        self._transact(consumer, batch))
                     await asyncio.wait({task})
                     if not task.cancelled():
                         task.result()
@@ -103,6 +129,7 @@ class TransactionalWorker:
         finally:
             self.healthy = False
             await self._producer.stop()
+            leave_on_stop(consumer)
             await consumer.stop()
 
     def _new_producer(self) -> AIOKafkaProducer:
@@ -112,6 +139,8 @@ class TransactionalWorker:
             enable_idempotence=True,
             acks="all",
             max_request_size=self.settings.max_message_bytes,
+            max_batch_size=self._batch_bytes,
+            linger_ms=PRODUCER_LINGER_MS,
         )
 
     async def _transact(
@@ -120,19 +149,23 @@ class TransactionalWorker:
         batch: dict[TopicPartition, list],  # type: ignore[type-arg]
     ) -> None:
         producer = self._producer
+        inputs = [(value_of(m), Origin.from_record(m)) for ms in batch.values() for m in ms]
+        offsets = {partition: OffsetAndMetadata(messages[-1].offset + 1, "")
+                   for partition, messages in batch.items()}
         try:
             with self.runner.settling() as origins:  # acknowledged once committed
                 async with producer.transaction():
-                    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
                     sent: list[tuple[OutRecord, asyncio.Future[Any]]] = []
-                    for partition, messages in batch.items():
-                        for message in messages:
-                            origin = Origin.from_record(message)
-                            outcome = await self.runner.process(value_of(message), origin)
-                            origins.append(origin)
+                    # ENGINE_BATCH events per trip to the engine thread; each part's records
+                    # are sent while the next part is assembled.
+                    for start in range(0, len(inputs), ENGINE_BATCH):
+                        part = inputs[start : start + ENGINE_BATCH]
+                        outcomes = await self.runner.process_all(part)
+                        origins.extend(origin for _, origin in part)
+                        for (_, origin), outcome in zip(part, outcomes, strict=True):
                             for record in outcome.records:
-                                sent.append((record, await self._send(producer, record, origin)))
-                        offsets[partition] = OffsetAndMetadata(messages[-1].offset + 1, "")
+                                sent.append(
+                                    (record, await self._send(producer, record, origin)))
                     await _delivered(sent)
                     await producer.send_offsets_to_transaction(offsets, self.settings.group_id)
         except ProducerFenced:
@@ -149,6 +182,9 @@ class TransactionalWorker:
         if self._attempts is not None:
             self._attempts.close()
             self._attempts = None
+        if self._batch_bytes != self.runner.batch_bytes:  # back to batches, within the limits
+            self._batch_bytes = self.runner.batch_bytes
+            await self._renew_producer()
 
     async def _send(
         self, producer: AIOKafkaProducer, record: OutRecord, origin: Origin
@@ -173,6 +209,14 @@ class TransactionalWorker:
         """Learn from records refused as too large and replay at once, or back off."""
         failures = error.failures if isinstance(error, _Undelivered) else [(None, error)]
         refused = [record for record, cause in failures if record and too_large(cause)]
+        if refused and self._batch_bytes > 1:
+            # The broker refuses a batch over the topic's limit as if its every record were
+            # too large: replay with a record per batch to tell which ones really are.
+            log.warning("records refused as too large; replaying the batch, one record per "
+                        "producer batch")
+            self._batch_bytes = 1
+            await self._renew_producer()
+            return
         learned = [self.runner.learn(record) for record in refused]  # each, no short cut
         broken = [c for _, c in failures if isinstance(c, OutOfOrderSequenceNumber)]
         if refused or broken:
