@@ -24,6 +24,9 @@ from tests.support.worker import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 COUNT = 400
+# Events a stop or a kill must land among: enough that it lands mid-stream however fast the
+# worker gets (with batching it did 400 before the kill in one CI run).
+STREAM = 2000
 ASSEMBLED = 'context_assembler_events_total{outcome="assembled"}'
 
 
@@ -55,7 +58,7 @@ async def test_sigterm_mid_stream_then_restart_redoes_nothing(
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
-    lines = events(COUNT)
+    lines = events(STREAM)
     first = WorkerProcess(broker, topics, logs / "first.log").start()
     try:
         first.wait_ready()
@@ -64,7 +67,7 @@ async def test_sigterm_mid_stream_then_restart_redoes_nothing(
     finally:
         assert first.stop() == 0
     stopped_after = len(await read_topic(broker, topics.prompts, until=0, timeout=3))
-    assert stopped_after < COUNT, "the stop came too late to test anything"
+    assert stopped_after < STREAM, "the stop came too late to test anything"
     again = WorkerProcess(broker, topics, logs / "second.log").start()
     try:
         again.wait_ready()
@@ -106,7 +109,7 @@ async def test_sigkill_never_commits_past_an_undelivered_event(
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
-    lines = events(COUNT)
+    lines = events(STREAM)
     first = WorkerProcess(broker, topics, logs / "first.log").start()
     first.wait_ready()
     await produce(broker, topics.input, keyed(lines))
@@ -119,7 +122,7 @@ async def test_sigkill_never_commits_past_an_undelivered_event(
     committed = await committed_offsets(broker, topics.group, topics.input)
     prompts = await read_topic(broker, topics.prompts, until=0, timeout=3)
     audits = await read_topic(broker, topics.audit, until=0, timeout=3)
-    assert len(prompts) < COUNT, "the kill came too late to test anything"
+    assert len(prompts) < STREAM, "the kill came too late to test anything"
     assert sum(committed.values()) > 0, "nothing committed before the kill"
     below = {(p, o) for p, end in committed.items() for o in range(end)}
     assert below <= sources(prompts), "committed past an event without its prompt"
@@ -127,7 +130,7 @@ async def test_sigkill_never_commits_past_an_undelivered_event(
     again = WorkerProcess(broker, topics, logs / "second.log").start()
     try:
         again.wait_ready()
-        prompts = await read_topic(broker, topics.prompts, until=COUNT, settle=3)
+        prompts = await read_topic(broker, topics.prompts, until=STREAM, settle=3)
         assert set(request_ids(prompts)) == {json.loads(line)["request_id"] for line in lines}
     finally:
         again.stop()
