@@ -93,6 +93,15 @@ def limits(args: argparse.Namespace) -> Limits:
     )
 
 
+def add_range(parser: argparse.ArgumentParser, partition: str = "partition") -> None:
+    """--from, --from-time and --to: the records of a topic to read (replay, redrive)."""
+    parser.add_argument("--from", dest="start", action="append", default=[], metavar="P:OFFSET",
+                        help=f"start of one {partition} (repeatable)")
+    parser.add_argument("--from-time", help=f"start of every {partition} at this ISO-8601 time")
+    parser.add_argument("--to", action="append", default=[], metavar="P:OFFSET|TIME",
+                        help="end (exclusive): an offset of a partition, or an ISO-8601 time")
+
+
 def add_policies(
     parser: argparse.ArgumentParser, policy_help: str, allow_default: str = "default: none"
 ) -> None:

@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 from worker.cli.common import (
     UsageError,
@@ -85,17 +86,38 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 0
 
 
+class TopicRange(TypedDict):
+    """The reader's range arguments (`TopicReader.spans`), as replay and redrive take them."""
+
+    starts: list[tuple[int, int]]
+    from_ms: int | None
+    ends: list[tuple[int, int]]
+    to_ms: int | None
+
+
+def topic_range(args: argparse.Namespace) -> TopicRange:
+    """--from, --from-time and --to (`common.add_range`) parsed."""
+    from worker.kafka.replay.reader import is_position, parse_position, parse_time
+
+    if args.start and args.from_time:
+        raise UsageError("give --from or --from-time, not both")
+    return TopicRange(
+        starts=[parse_position(p) for p in args.start],
+        from_ms=parse_time(args.from_time) if args.from_time else None,
+        ends=[parse_position(p) for p in args.to if is_position(p)],
+        to_ms=next((parse_time(p) for p in args.to if not is_position(p)), None),
+    )
+
+
 @command
 def cmd_replay(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from worker.kafka.replay.reader import is_position, parse_position, parse_time
     from worker.kafka.replay.replay import ReplayRequest, replay
     from worker.kafka.settings import load_settings
 
-    if args.start and args.from_time:
-        raise UsageError("give --from or --from-time, not both")
+    span = topic_range(args)
     refuse_overlaps([], {"--out": args.out, "--audit": args.audit, "--errors": args.errors})
     recorded = args.policy == "recorded"
     if args.policies and not recorded:
@@ -112,10 +134,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                 else args.policy or settings.policy_file,
                                 args.allow_policy or settings.allowed_policies),
         limits=limits(args),
-        starts=[parse_position(p) for p in args.start],
-        from_ms=parse_time(args.from_time) if args.from_time else None,
-        ends=[parse_position(p) for p in args.to if is_position(p)],
-        to_ms=next((parse_time(p) for p in args.to if not is_position(p)), None),
+        **span,
         count=args.count,
         out=Path(args.out) if args.out else None,
         audit_out=Path(args.audit) if args.audit else None,
@@ -189,11 +208,9 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     import asyncio
 
     from worker.kafka.redrive import RedriveRequest, redrive
-    from worker.kafka.replay.reader import is_position, parse_position, parse_time
     from worker.kafka.settings import load_settings
 
-    if args.start and args.from_time:
-        raise UsageError("give --from or --from-time, not both")
+    span = topic_range(args)
     if args.yes and args.dry_run:
         raise UsageError("give --yes or --dry-run, not both")
     quiet_kafka_client()
@@ -202,10 +219,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
         bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
         dlq_topic=args.dlq_topic or settings.dlq_topic,
         input_topic=args.input_topic or settings.input_topic,
-        starts=[parse_position(p) for p in args.start],
-        from_ms=parse_time(args.from_time) if args.from_time else None,
-        ends=[parse_position(p) for p in args.to if is_position(p)],
-        to_ms=next((parse_time(p) for p in args.to if not is_position(p)), None),
+        **span,
         count=args.count,
         max_redrives=args.max_redrives,
         send=args.yes,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from worker import __version__
 from worker.cli import files, kafka, serve
-from worker.cli.common import add_limits, add_policies, positive
+from worker.cli.common import add_limits, add_policies, add_range, positive
 from worker.diagnose.explain import printable
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.policies import preset_names
@@ -100,11 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rerun = commands.add_parser(
         "replay", help="re-assemble input events from the topic, optionally compare")
-    rerun.add_argument("--from", dest="start", action="append", default=[], metavar="P:OFFSET",
-                       help="start of one partition (repeatable)")
-    rerun.add_argument("--from-time", help="start of every partition at this ISO-8601 time")
-    rerun.add_argument("--to", action="append", default=[], metavar="P:OFFSET|TIME",
-                       help="end (exclusive): an offset of a partition, or an ISO-8601 time")
+    add_range(rerun)
     rerun.add_argument("--count", type=int, help="stop after this many events")
     add_policies(rerun, policy_help + ", or recorded: each event under the policy its "
                   "published prompt names (default: ASSEMBLER_POLICY_FILE)",
@@ -154,11 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     drive = commands.add_parser(
         "redrive", help="send dead letters back to the input topic (a dry run without --yes)")
-    drive.add_argument("--from", dest="start", action="append", default=[], metavar="P:OFFSET",
-                       help="start of one DLQ partition (repeatable)")
-    drive.add_argument("--from-time", help="start of every DLQ partition at this ISO-8601 time")
-    drive.add_argument("--to", action="append", default=[], metavar="P:OFFSET|TIME",
-                       help="end (exclusive): an offset of a partition, or an ISO-8601 time")
+    add_range(drive, "DLQ partition")
     drive.add_argument("--count", type=positive, help="at most this many dead letters")
     drive.add_argument("--max-redrives", type=positive, default=3,
                        help="skip a dead letter re-driven this many times already (default: 3)")
