@@ -14,9 +14,15 @@ from tokenizers import Tokenizer
 
 from schemas.models import RetrievalResult
 from tests.engine import trained_tokenizer
-from tests.engine.test_properties import SETTINGS, events, exact_prompt_tokens, policies
+from tests.engine.test_properties import (
+    SETTINGS,
+    assemble_unless_too_large,
+    events,
+    exact_prompt_tokens,
+    policies,
+)
 from tests.engine.test_tokens import TRICKY
-from worker.engine import PromptTooLarge, assemble
+from worker.engine import assemble
 from worker.engine.errors import PolicyError, VocabularyUnavailable
 from worker.engine.policy import Policy, policy_from_mapping
 from worker.engine.tokens import (
@@ -186,14 +192,8 @@ def hf_policies(draw: st.DrawFn, name: str) -> Policy:
 def test_invariants_under_a_tokenizer_json(counter: HuggingFaceCounter, data: st.DataObject) -> None:
     event: RetrievalResult = data.draw(events())
     policy: Policy = data.draw(hf_policies(counter.name))
-    try:
-        result = assemble(event, policy)
-    except PromptTooLarge:  # only when instructions and question alone overflow the window
-        bare = assemble(event.model_copy(update={"chunks": [], "history": []}), policy_from_mapping(
-            {"budget": {"window": None, "context_tokens": 1}}, base=policy))
-        assert policy.budget.window is not None
-        limit = policy.budget.window - policy.budget.max_output
-        assert max(bare.prompt.tokens.prompt, exact_prompt_tokens(bare.prompt, policy)) > limit
+    result = assemble_unless_too_large(event, policy)
+    if result is None:
         return
     audit, prompt = result.audit, result.prompt
     ranks = sorted([k.rank for k in audit.kept] + [d.rank for d in audit.dropped])

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from schemas.models import AssembledPrompt, RetrievalResult
 from tests.factories import chunk
-from worker.engine import PromptTooLarge, assemble
+from worker.engine import Assembly, PromptTooLarge, assemble
 from worker.engine.candidate import Candidate
 from worker.engine.dedup import CopyDetector
 from worker.engine.policy import DedupPolicy, Policy, policy_from_mapping
@@ -92,18 +92,25 @@ def exact_prompt_tokens(prompt: AssembledPrompt, policy: Policy) -> int:
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@SETTINGS
-@given(events(), policies())
-def test_invariants(event: RetrievalResult, policy: Policy) -> None:
+def assemble_unless_too_large(event: RetrievalResult, policy: Policy) -> Assembly | None:
+    """The assembly, or None for PromptTooLarge, checked to come only when instructions and
+    question alone are over window - max_output."""
     try:
-        result = assemble(event, policy)
+        return assemble(event, policy)
     except PromptTooLarge:
-        # Only when instructions and question alone are over window - max_output.
         bare = assemble(event.model_copy(update={"chunks": [], "history": []}), policy_from_mapping(
             {"budget": {"window": None, "context_tokens": 1}}, base=policy))
         assert policy.budget.window is not None
         limit = policy.budget.window - policy.budget.max_output
         assert max(bare.prompt.tokens.prompt, exact_prompt_tokens(bare.prompt, policy)) > limit
+        return None
+
+
+@SETTINGS
+@given(events(), policies())
+def test_invariants(event: RetrievalResult, policy: Policy) -> None:
+    result = assemble_unless_too_large(event, policy)
+    if result is None:
         return
     audit, prompt = result.audit, result.prompt
 
