@@ -120,7 +120,7 @@ def child(events: int, small_events: int) -> None:
         del result, outputs
         sample = Sample(
             number, kind, len(raw), round(rss_mb(), 1), round(peak_mb(), 1),
-            round(words.CACHE.nbytes / 1e6, 1),
+            round((words.CACHE.nbytes + words.SKETCHES.nbytes) / 1e6, 1),
             round(counter.cache.nbytes / 1e6, 1),  # type: ignore[attr-defined]
         )
         print(json.dumps(asdict(sample)), flush=True)

@@ -219,6 +219,8 @@ def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest
     """
     word_cache: SizedCache[tuple[str, str | None], words.Words] = SizedCache(256 * 1024, words._entry_bytes)
     monkeypatch.setattr(words, "CACHE", word_cache)
+    sketch_cache: SizedCache[tuple[int, str | None], words.Sketch] = SizedCache(64 * 1024, words._entry_bytes)
+    monkeypatch.setattr(words, "SKETCHES", sketch_cache)
     counter = get_counter("cl100k_base")
     count_cache: BoundedCache[int] = BoundedCache(300)
     monkeypatch.setattr(counter, "cache", count_cache)
@@ -226,13 +228,14 @@ def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest
     for _ in range(3):  # long chunks: none may be cached
         long = [chunk(f"c{i}", prose(rng, 20_000), doc_id=f"d{i}") for i in range(4)]
         assemble(RetrievalResult(request_id="r", question="pump?", chunks=long), Policy())
-    assert len(word_cache) == 0
+    assert len(word_cache) == len(sketch_cache) == 0
     for _ in range(3):  # then many short chunks, each cached, more than the caps hold
         short = [chunk(f"c{i}", prose(rng, 1_000), doc_id=f"d{i}") for i in range(200)]
         assemble(RetrievalResult(request_id="r", question="pump?", chunks=short), Policy())
-    assert word_cache.nbytes == sum(e.nbytes for e in word_cache._entries.values()) <= word_cache.max_bytes
+    for sized in (word_cache, sketch_cache):
+        assert sized.nbytes == sum(e.nbytes for e in sized._entries.values()) <= sized.max_bytes
     assert count_cache.nbytes == len(count_cache) * COUNT_ENTRY_BYTES <= count_cache.max_bytes
-    for cache in (word_cache, count_cache):  # full, and evicting: the cap is what binds
+    for cache in (word_cache, sketch_cache, count_cache):  # full, and evicting: the cap binds
         assert cache.nbytes > cache.max_bytes * 0.9
     assert all(len(text) <= words.WORD_CACHE_MAX_CHARS for text, _ in word_cache._entries)
 

@@ -7,7 +7,7 @@ from worker.engine import assemble
 from worker.engine.candidate import Candidate
 from worker.engine.dedup import CopyDetector, drop_repeated_ids, prefix_length
 from worker.engine.policy import DedupPolicy, Policy
-from worker.engine.words import WORD, chunk_words, has_words, jaccard
+from worker.engine.words import WORD, chunk_words, has_words, jaccard, signature, signature_slack
 
 RETURNS = ("Return window\nYou can return an unused item within {d} days of delivery for a "
            "refund to the original payment method, with the receipt or order number.")
@@ -211,3 +211,52 @@ def test_texts_that_differ_in_a_number_are_never_near_duplicates(
 def test_has_words_agrees_with_the_regex_at_any_offset(text: str, padding: int) -> None:
     text = "." * padding + text  # the first word may lie past the fast path's first 64 characters
     assert has_words(text) == (WORD.search(text) is not None)
+
+
+# Words drawn from a vocabulary of 300, so that sets of a few dozen words overlap a lot or little.
+VOCABULARY = [f"w{i}" for i in range(300)]
+WORD_SETS = st.frozensets(st.sampled_from(VOCABULARY), max_size=120)
+
+
+@settings(max_examples=500, deadline=None)
+@given(WORD_SETS, WORD_SETS, st.data(), st.sampled_from([0.05, 0.3, 0.5, 0.8, 0.9, 0.95, 1.0]))
+def test_signatures_rule_out_only_pairs_below_the_threshold(
+    a: frozenset[str], extra: frozenset[str], data: st.DataObject, t: float
+) -> None:
+    """The sketch test is exact: a pair it rules out is never a near-duplicate."""
+    dropped = data.draw(st.sets(st.sampled_from(sorted(a)), max_size=5)) if a else set()
+    b = (a - dropped) | frozenset(sorted(extra)[: data.draw(st.integers(0, 8))])  # often near
+    least = t - 1e-9
+    differ = (signature(a) ^ signature(b)).bit_count()
+    if differ > (len(a) + len(b)) * signature_slack(least) + 0.5:
+        assert jaccard(a, b) < least
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(VOCABULARY), min_size=4, max_size=12), min_size=40, max_size=60),
+       st.lists(st.tuples(st.integers(0, 59), st.sampled_from(VOCABULARY)), max_size=20),
+       st.sampled_from([0.5, 0.8, 0.9, 1.0]))
+def test_past_the_scan_limit_the_prefix_index_finds_what_a_full_scan_finds(
+    bases: list[list[str]], edits: list[tuple[int, str]], t: float
+) -> None:
+    """More than SCAN_LIMIT kept chunks: the prefix index takes over from the sketches, and
+    near copies (an earlier text with a word more) come late."""
+    texts = [" ".join(words) for words in bases]
+    texts += [f"{texts[at % len(texts)]} {word}" for at, word in edits]
+    detector = CopyDetector(DedupPolicy(near_threshold=t, numbers_must_match=False))
+    kept: list[Candidate] = []
+    for rank, text in enumerate(texts, start=1):
+        candidate = Candidate(rank, chunk(f"c{rank}", text))
+        words = chunk_words(candidate.chunk, drop_title_line=True).all
+        expected = [
+            k for k in kept if k.chunk.text != text
+            and jaccard(words, chunk_words(k.chunk, drop_title_line=True).all) >= t - 1e-9
+        ]
+        identical = [k for k in kept if k.chunk.text == text]
+        twin = detector.find_twin(candidate)
+        if identical or expected:
+            assert twin is not None and twin.kept is (identical or expected)[0]
+        else:
+            assert twin is None
+            detector.add_kept(candidate)
+            kept.append(candidate)

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 from pydantic import ValidationError
 
@@ -116,6 +116,9 @@ def add_policies(
 
 STDOUT, STDERR = 1, 2
 _STREAM_OF = {"--out": STDOUT, "--audit": STDOUT, "--errors": STDERR}
+# Events run to ~100 KB a line: an 8 KB buffer reads one in a dozen system calls, and the
+# file mode spent a tenth of its time there.
+INPUT_BUFFER: Final = 2**20
 
 
 @contextlib.contextmanager
@@ -128,7 +131,8 @@ def open_inputs(paths: Sequence[str]) -> Iterator[list[tuple[str, BinaryIO]]]:
                 sources.append(("<stdin>", sys.stdin.buffer))
             else:
                 with file_errors(path):
-                    sources.append((path, stack.enter_context(open(path, "rb"))))
+                    stream = stack.enter_context(open(path, "rb", buffering=INPUT_BUFFER))
+                    sources.append((path, stream))
         yield sources
 
 

@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 from worker import __version__
-from worker.cli import files, kafka, serve
+from worker.cli import files, kafka
 from worker.cli.common import add_limits, add_policies, add_range, positive
 from worker.diagnose.explain import printable
 from worker.engine.errors import ContextAssemblerError
@@ -22,6 +22,13 @@ from worker.intake.policies import preset_names
 def _explain(args: argparse.Namespace) -> int:
     """explain reads --events (and --audit) files, or with --kafka the topics."""
     return kafka.cmd_explain(args) if args.kafka else files.cmd_explain(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """serve's module imports asyncio: the file commands start faster without it."""
+    from worker.cli import serve
+
+    return serve.cmd_serve(args)
 
 
 def _policy(args: argparse.Namespace) -> int:
@@ -133,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: 64)")
     add_policies(http, policy_help)
     add_limits(http)
-    http.set_defaults(handler=serve.cmd_serve)
+    http.set_defaults(handler=_serve)
 
     show = commands.add_parser(
         "policy", help="print the resolved policy and its hash, or what changed between two "

@@ -20,7 +20,6 @@ from schemas.models import (
     AssemblyAudit,
     Chunk,
     Citation,
-    DroppedChunk,
     DropReason,
     EngineInfo,
     KeptChunk,
@@ -32,7 +31,7 @@ from schemas.models import (
 from worker.engine import budget as budgets
 from worker.engine import render
 from worker.engine.cache import SizedCache, text_key
-from worker.engine.candidate import Candidate
+from worker.engine.candidate import Candidate, Drop
 from worker.engine.compress import extract_relevant
 from worker.engine.dedup import CopyDetector, drop_repeated_ids
 from worker.engine.errors import PromptTooLarge
@@ -62,15 +61,16 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
     )
     passed, repeated = drop_repeated_ids(passed)
     bare = render.user_parts(event.question, (), policy.render)  # no passages, no history
-    plan = _plan_budget(event, policy, counter, bare)
+    counts = _PromptTokens(policy)
+    plan = _plan_budget(event, policy, counter, bare, counts)
     costs = _PassageCosts(policy.render, counter, passages=len(passed))
     kept, unpacked = _pack(event, policy, passed, plan.passages, counter, costs)
     exact = _exact_counter(policy, plan, counter)
-    fitted = _fit_window(kept, plan, bare, policy, exact, costs)
-    shown, overflowed = _render_within_limits(event, policy, plan, fitted, counter, exact)
+    fitted = _fit_window(kept, plan, bare, policy, exact, costs, counts)
+    shown, overflowed = _render_within_limits(event, policy, plan, fitted, counter, exact, counts)
     return _records(
         event, policy, counter, plan, shown, fitted,
-        [*dropped, *repeated, *unpacked, *fitted.shed, *overflowed],
+        [*dropped, *repeated, *unpacked, *fitted.shed, *overflowed], counts,
     )
 
 
@@ -80,11 +80,15 @@ def _candidates(event: RetrievalResult) -> list[Candidate]:
 
 
 def _plan_budget(
-    event: RetrievalResult, policy: Policy, counter: TokenCounter, bare: list[str]
+    event: RetrievalResult,
+    policy: Policy,
+    counter: TokenCounter,
+    bare: list[str],
+    counts: _PromptTokens,
 ) -> budgets.BudgetPlan:
     """What passages may cost and which history turns fit, from the prompt without them."""
     return budgets.plan(
-        policy.budget, counter, _prompt_tokens((), bare, policy, counter),
+        policy.budget, counter, counts((), bare, counter),
         render.neutralise_history(event.history),
     )
 
@@ -102,11 +106,12 @@ PASSAGE_COSTS: Final[SizedCache[CostKey, tuple[int, int]]] = SizedCache(
 )
 
 
-def _cost_key(counter: str, chunk: Chunk, text: str, label: str, style: HeaderStyle) -> CostKey:
-    """Everything `render.passage` reads: the score only where the header shows it."""
+def _cost_key(counter: str, chunk: Chunk, key: int, label: str, style: HeaderStyle) -> CostKey:
+    """Everything `render.passage` reads (the text by its `text_key`): the score only where
+    the header shows it."""
     score = chunk.score if style == "id_score" else None
     return (
-        counter, text_key(text), label, style, chunk.chunk_id, chunk.title, chunk.doc_id,
+        counter, key, label, style, chunk.chunk_id, chunk.title, chunk.doc_id,
         chunk.doc_type, chunk.version, chunk.effective_from, chunk.effective_to,
         chunk.section, chunk.source, score,
     )
@@ -124,7 +129,8 @@ class _PassageCosts:
         self._policy = policy
         self.counter = counter
         self._widest = render.label_for(policy.labels, max(1, passages), "")
-        self._tokens: dict[tuple[int, str], int] = {}
+        # By rank for the chunk's own text, by (rank, extract) for an extract.
+        self._tokens: dict[int | tuple[int, str], int] = {}
 
     def _label(self, chunk: Chunk) -> str:
         return chunk.chunk_id if self._policy.labels == "chunk_id" else self._widest
@@ -137,15 +143,17 @@ class _PassageCosts:
     def tokens(self, candidate: Candidate, text: str) -> int:
         """Packing may ask twice (density, the over-budget detail), and later requests ask
         again for popular chunks: render and count once."""
-        key = (candidate.rank, text)
+        whole = text is candidate.chunk.text
+        key = candidate.rank if whole else (candidate.rank, text)
         tokens = self._tokens.get(key)
         if tokens is None:
-            tokens = self._tokens[key] = self._shared_tokens(candidate.chunk, text)
+            hashed = candidate.text_key if whole else text_key(text)
+            tokens = self._tokens[key] = self._shared_tokens(candidate.chunk, text, hashed)
         return tokens
 
-    def _shared_tokens(self, chunk: Chunk, text: str) -> int:
+    def _shared_tokens(self, chunk: Chunk, text: str, hashed: int) -> int:
         style = self._policy.header
-        key = _cost_key(self.counter.name, chunk, text, self._label(chunk), style)
+        key = _cost_key(self.counter.name, chunk, hashed, self._label(chunk), style)
         found = PASSAGE_COSTS.get(key)
         if found is not None:
             return found[0]
@@ -161,7 +169,7 @@ def _pack(
     budget: int,
     counter: TokenCounter,
     costs: _PassageCosts,
-) -> tuple[list[Packed], list[DroppedChunk]]:
+) -> tuple[list[Packed], list[Drop]]:
     """Choose the passages the budget admits, in packing order: copies of kept passages,
     min_score and max_chunks go first, and compression may make a passage fit."""
 
@@ -199,7 +207,7 @@ class _Fitted:
     kept: list[Packed]
     history: tuple[Message, ...]
     history_dropped: int
-    shed: list[DroppedChunk]
+    shed: list[Drop]
 
 
 def _fit_window(
@@ -209,12 +217,13 @@ def _fit_window(
     policy: Policy,
     exact: TokenCounter,
     costs: _PassageCosts,
+    counts: _PromptTokens,
 ) -> _Fitted:
     """With a window, the whole prompt must fit by an exact count: the oldest history turns
     go first, then the passages chosen last."""
     if plan.prompt_limit is None:
         return _Fitted(kept, plan.history, plan.history_dropped, [])
-    history, early = _fit_history(plan.history, bare, plan.prompt_limit, policy, exact)
+    history, early = _fit_history(plan.history, bare, plan.prompt_limit, policy, exact, counts)
 
     def exact_tokens(item: Packed) -> int:
         """Packing counted each passage already; only an estimate needs a recount."""
@@ -223,7 +232,7 @@ def _fit_window(
         return exact.count(costs.rendered(item.candidate, item.text))
 
     fits, shed = _shed_to_fit(
-        kept, plan.prompt_limit - _prompt_tokens(history, bare, policy, exact), exact,
+        kept, plan.prompt_limit - counts(history, bare, exact), exact,
         exact_tokens, separator=policy.render.separator,
     )
     return _Fitted(fits, history, plan.history_dropped + early, shed)
@@ -263,15 +272,16 @@ def _render_within_limits(
     fitted: _Fitted,
     counter: TokenCounter,
     exact: TokenCounter,
-) -> tuple[_Rendered, list[DroppedChunk]]:
+    counts: _PromptTokens,
+) -> tuple[_Rendered, list[Drop]]:
     """Render, and recount what was rendered: summed passage counts almost always bound the
     joined text; if not, the passage chosen last goes until the context and prompt fit."""
     kept = list(fitted.kept)
-    shed: list[DroppedChunk] = []
+    shed: list[Drop] = []
     while True:
         shown = _render(event, policy, kept)
         overflow = _overflow(
-            shown.passages, plan, fitted.history, shown.user_parts, policy, counter, exact
+            shown.passages, plan, fitted.history, shown.user_parts, policy, counter, exact, counts
         )
         if overflow is None:
             return shown, shed
@@ -288,11 +298,12 @@ def _records(
     plan: budgets.BudgetPlan,
     shown: _Rendered,
     fitted: _Fitted,
-    dropped: list[DroppedChunk],
+    dropped: list[Drop],
+    counts: _PromptTokens,
 ) -> Assembly:
     """The prompt for the generation service and the audit of every decision, both from
     the one rendering the model reads."""
-    prompt_tokens = _prompt_tokens(fitted.history, shown.user_parts, policy, counter)
+    prompt_tokens = counts(fitted.history, shown.user_parts, counter)
     messages = render.messages(fitted.history, shown.user_parts, policy.render)
     passage_tokens = [counter.count(text) for text in shown.passages]
     policy_ref = PolicyRef(name=policy.name, hash=policy.hash)
@@ -324,38 +335,62 @@ def _records(
         policy=policy_ref,
         engine=ENGINE,
     )
-    audit = AssemblyAudit(
-        request_id=event.request_id,
-        policy=policy_ref,
-        engine=ENGINE,
-        kept=[
-            KeptChunk(
-                chunk_id=item.candidate.chunk.chunk_id,
-                doc_id=item.candidate.chunk.document,
-                rank=item.candidate.rank,
-                label=label,
-                tokens=count,
-                compressed=item.compressed,
-            )
-            for item, label, count in zip(shown.ordered, shown.labels, passage_tokens, strict=True)
-        ],
-        dropped=sorted(dropped, key=_by_rank),
-        tokens=tokens,
-        abstained=abstained,
-        history_turns_dropped=fitted.history_dropped,
+    # One validation for every drop (read from the Drop tuples' fields), not a model each;
+    # strict, since every value already has its field's type (and lax costs a fifth more).
+    audit = AssemblyAudit.model_validate(
+        {
+            "request_id": event.request_id,
+            "policy": policy_ref,
+            "engine": ENGINE,
+            "kept": [
+                KeptChunk(
+                    chunk_id=item.candidate.chunk.chunk_id,
+                    doc_id=item.candidate.chunk.document,
+                    rank=item.candidate.rank,
+                    label=label,
+                    tokens=count,
+                    compressed=item.compressed,
+                )
+                for item, label, count in zip(
+                    shown.ordered, shown.labels, passage_tokens, strict=True
+                )
+            ],
+            "dropped": sorted(dropped, key=_by_rank),
+            "tokens": tokens,
+            "abstained": abstained,
+            "history_turns_dropped": fitted.history_dropped,
+        },
+        from_attributes=True,
+        strict=True,
     )
     return Assembly(prompt, audit)
 
 
-def _prompt_tokens(
-    history: Sequence[Message], user_parts: list[str], policy: Policy, counter: TokenCounter
-) -> int:
+class _PromptTokens:
     """The exact count of `render.messages`: system prompt, history and the user message,
-    counted from its parts (mostly cached), each with the chat overhead."""
-    overhead = policy.budget.message_overhead
-    earlier = [policy.render.system_prompt, *(turn.content for turn in history)]
-    earlier_tokens = sum(counter.count(text) + overhead for text in earlier)
-    return earlier_tokens + counter.count_parts(user_parts) + overhead
+    counted from its parts (mostly cached), each with the chat overhead.
+
+    Once per (tokenizer, history, user message) in an assembly: the prompt without
+    passages is asked for up to three times, the final one twice.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self._found: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
+
+    def __call__(
+        self, history: Sequence[Message], user_parts: list[str], counter: TokenCounter
+    ) -> int:
+        contents = tuple(turn.content for turn in history)
+        key = (counter.name, contents, tuple(user_parts))
+        tokens = self._found.get(key)
+        if tokens is None:
+            overhead = self._policy.budget.message_overhead
+            earlier = (self._policy.render.system_prompt, *contents)
+            earlier_tokens = sum(counter.count(text) + overhead for text in earlier)
+            tokens = earlier_tokens + counter.count_parts(user_parts) + overhead
+            self._found[key] = tokens
+        return tokens
 
 
 def _source(item: Packed) -> str:
@@ -364,12 +399,17 @@ def _source(item: Packed) -> str:
 
 
 def _fit_history(
-    history: tuple[Message, ...], bare: list[str], limit: int, policy: Policy, exact: TokenCounter
+    history: tuple[Message, ...],
+    bare: list[str],
+    limit: int,
+    policy: Policy,
+    exact: TokenCounter,
+    counts: _PromptTokens,
 ) -> tuple[tuple[Message, ...], int]:
     """Drop the oldest turns while instructions, history and question exceed `limit` by an
     exact count (the plan counted with the policy's tokenizer, which may be an estimate)."""
     overhead = policy.budget.message_overhead
-    used = _prompt_tokens((), bare, policy, exact)
+    used = counts((), bare, exact)
     costs = [exact.count(turn.content) + overhead for turn in history]
     total = used + sum(costs)
     first = 0
@@ -385,7 +425,7 @@ def _shed_to_fit(
     exact: TokenCounter,
     exact_tokens: Callable[[Packed], int],
     separator: str,
-) -> tuple[list[Packed], list[DroppedChunk]]:
+) -> tuple[list[Packed], list[Drop]]:
     """Keep the longest prefix of the chosen passages whose exact counts fit `room`.
 
     One pass over the passages, so a prompt far over the window (an estimate fooled by
@@ -416,6 +456,7 @@ def _overflow(
     policy: Policy,
     counter: TokenCounter,
     exact: TokenCounter,
+    counts: _PromptTokens,
 ) -> str | None:
     """Why this rendering does not fit, or None: the joined context must recount within
     the passage budget, and the whole prompt within window - max_output."""
@@ -428,7 +469,7 @@ def _overflow(
     if plan.prompt_limit is None:
         return None
     for tokenizer in dict.fromkeys((counter, exact)):  # the reported count, then the exact one
-        prompt_tokens = _prompt_tokens(history, user_parts, policy, tokenizer)
+        prompt_tokens = counts(history, user_parts, tokenizer)
         if prompt_tokens > plan.prompt_limit:
             return (
                 f"the whole prompt would need {prompt_tokens} tokens ({tokenizer.name}), over "
@@ -437,5 +478,4 @@ def _overflow(
     return None
 
 
-def _by_rank(drop: DroppedChunk) -> int:
-    return drop.rank
+_by_rank: Final = operator.attrgetter("rank")

@@ -18,7 +18,10 @@ answer. Identical text is a copy whatever it holds.
 Near-duplicates: while few chunks are kept, a candidate is compared with each of them. Against
 many, an exact prefix filter (Bayardo et al., "Scaling up all pairs similarity search")
 narrows them down: two word sets with Jaccard >= t must share a word among the first
-|x| - ceil(t*|x|) + 1 words of each in any fixed order (here: sorted).
+|x| - ceil(t*|x|) + 1 words of each in any fixed order (here: sorted). Against few, each
+pair is first put to the two chunks' cached sketches (`words.Sketch`: sizes, numbers and
+signatures rule out nearly every pair, exactly), so the word sets, which a cache holds only
+a few thousand of, are looked at only for a pair that may be a copy.
 
 Cost, for hostile events too: a candidate's w words are split once and, against more than
 SCAN_LIMIT kept chunks, sorted (w log w); it is then compared at most once with each kept
@@ -37,14 +40,23 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import numpy as np
-
-from schemas.models import DroppedChunk, DropReason
-from worker.engine.candidate import Candidate
+from schemas.models import DropReason
+from worker.engine.candidate import Candidate, Drop
 from worker.engine.policy import DedupPolicy
-from worker.engine.words import Words, chunk_words, jaccard_at_least
+from worker.engine.words import (
+    Sketch,
+    Words,
+    chunk_sketch,
+    chunk_words,
+    jaccard,
+    jaccard_at_least,
+    signature_slack,
+)
+
+if TYPE_CHECKING:  # imported where an embedding is compared: most policies never do
+    import numpy as np
 
 _EPSILON = 1e-9  # float slack: 0.9 * 10 must count as 9, not 9.000000000000002
 SCAN_LIMIT: Final = 32  # up to this many kept chunks, comparing with each is cheapest
@@ -59,7 +71,7 @@ class Twin:
     similarity: float
     measure: str  # "identical text", "jaccard" or "cosine"
 
-    def drop(self, candidate: Candidate) -> DroppedChunk:
+    def drop(self, candidate: Candidate) -> Drop:
         if self.reason is DropReason.DUPLICATE:
             detail = f"identical text to {self.kept.chunk.chunk_id} (rank {self.kept.rank})"
         else:
@@ -72,11 +84,11 @@ class Twin:
         )
 
 
-def drop_repeated_ids(candidates: list[Candidate]) -> tuple[list[Candidate], list[DroppedChunk]]:
+def drop_repeated_ids(candidates: list[Candidate]) -> tuple[list[Candidate], list[Drop]]:
     """A chunk_id seen twice is one passage: keep the better-ranked occurrence."""
     first: dict[str, Candidate] = {}
     unique: list[Candidate] = []
-    dropped: list[DroppedChunk] = []
+    dropped: list[Drop] = []
     for candidate in candidates:
         seen = first.get(candidate.chunk.chunk_id)
         if seen is None:
@@ -101,13 +113,21 @@ class CopyDetector:
 
     def __init__(self, policy: DedupPolicy) -> None:
         self._policy = policy
-        # text -> document -> the first kept chunk of that document with that text: finding
-        # a kept twin of another document takes at most two looks, however many copies.
-        self._kept_by_text: dict[str, dict[str, Candidate]] = {}
-        self._kept_words: list[tuple[Candidate, Words]] = []
+        # text (its text_key) -> document -> the first kept chunk of that document with that
+        # text: finding a kept twin of another document takes at most two looks, however
+        # many copies.
+        self._kept_by_text: dict[int, dict[str, Candidate]] = {}
+        self._kept: list[Candidate] = []  # every kept chunk, when near-duplicates are looked for
+        # Of the first SCAN_LIMIT, each with its document (None where documents may merge).
+        self._kept_sketches: list[tuple[Candidate, Sketch, str | None]] = []
+        self._merge_within_documents = policy.same_document == "dedup"
+        self._kept_words: list[tuple[Candidate, Words]] = []  # beyond: full sets, indexed
         self._kept_by_prefix_word: dict[str, list[tuple[Candidate, Words]]] = {}
         self._indexed = 0  # the prefix index holds the first this many of `_kept_words`
         self._kept_vectors: list[tuple[Candidate, np.ndarray]] = []
+        # What every scanned comparison reads, read once.
+        self._least = policy.near_threshold - _EPSILON
+        self._slack = signature_slack(self._least)
 
     def _may_merge(self, a: Candidate, b: Candidate) -> bool:
         return self._policy.same_document == "dedup" or a.chunk.document != b.chunk.document
@@ -115,22 +135,26 @@ class CopyDetector:
     def _words(self, candidate: Candidate) -> Words:
         return chunk_words(candidate.chunk, drop_title_line=self._policy.drop_title_line)
 
+    def _sketch(self, candidate: Candidate) -> Sketch:
+        return chunk_sketch(
+            candidate.chunk, drop_title_line=self._policy.drop_title_line, key=candidate.text_key
+        )
+
     def _prefix(self, words: frozenset[str]) -> list[str]:
         return sorted(words)[: prefix_length(len(words), self._policy.near_threshold)]
 
     def find_twin(self, candidate: Candidate) -> Twin | None:
-        for kept in self._kept_by_text.get(candidate.chunk.text, {}).values():
-            if self._may_merge(kept, candidate):
+        same_text = self._kept_by_text.get(candidate.text_key)
+        for kept in same_text.values() if same_text is not None else ():
+            if kept.chunk.text == candidate.chunk.text and self._may_merge(kept, candidate):
                 return Twin(kept, DropReason.DUPLICATE, 1.0, "identical text")
-        best = self._near_twin(candidate) if self._kept_words else None  # empty unless near
+        best = self._near_twin(candidate) if self._kept else None  # empty unless near
         if best is None and self._kept_vectors:
             best = self._cosine_twin(candidate)
         return best
 
     def _near_pool(self, words: frozenset[str]) -> Iterable[tuple[Candidate, Words]]:
-        """The kept chunks worth comparing: all of a few, or those sharing a prefix word."""
-        if len(self._kept_words) <= SCAN_LIMIT:
-            return self._kept_words
+        """The kept chunks sharing a prefix word with `words` (more than SCAN_LIMIT kept)."""
         for entry in self._kept_words[self._indexed :]:
             for word in self._prefix(entry[1].all):
                 self._kept_by_prefix_word.setdefault(word, []).append(entry)
@@ -142,6 +166,10 @@ class CopyDetector:
         }.values()
 
     def _near_twin(self, candidate: Candidate) -> Twin | None:
+        if len(self._kept) <= SCAN_LIMIT:
+            return self._scanned_twin(candidate)
+        for kept in self._kept[len(self._kept_words) :]:  # the prefix index needs full sets
+            self._kept_words.append((kept, self._words(kept)))
         found = self._words(candidate)
         words, size = found.all, len(found.all)
         if size == 0:
@@ -165,10 +193,42 @@ class CopyDetector:
                 best = Twin(kept, DropReason.NEAR_DUPLICATE, similarity, "jaccard")
         return best
 
+    def _scanned_twin(self, candidate: Candidate) -> Twin | None:
+        """`_near_twin` against a few kept chunks: each in turn, the sketches first, the word
+        sets only for a pair the sketches cannot rule out (rarely but for a true copy). The
+        tests are those of `_near_twin`, cheapest first, signatures among them."""
+        sketch = self._sketch(candidate)
+        size, signature = sketch.size, sketch.signature
+        if size == 0:
+            return None
+        threshold, least, slack = self._policy.near_threshold, self._least, self._slack
+        numbers = sketch.numbers if self._policy.numbers_must_match else None
+        document = None if self._merge_within_documents else candidate.chunk.document
+        best: Twin | None = None
+        for kept, kept_sketch, kept_document in self._kept_sketches:
+            other = kept_sketch.size
+            if (signature ^ kept_sketch.signature).bit_count() > (size + other) * slack + 0.5:
+                continue  # the signatures rule it out
+            if best is not None and kept.rank > best.kept.rank:
+                continue
+            if min(size, other) < threshold * max(size, other) - _EPSILON:
+                continue  # sizes alone rule it out
+            if kept_document is not None and kept_document == document:
+                continue  # of one document, and the policy keeps those apart
+            if numbers is not None and numbers != kept_sketch.numbers:
+                continue  # a number only one of them holds may be the answer
+            # A pair left here is near: counting the shared words in C beats stopping early.
+            similarity = jaccard(self._words(candidate).all, self._words(kept).all)
+            if similarity and similarity >= least:  # sharing no word is no copy, as above
+                best = Twin(kept, DropReason.NEAR_DUPLICATE, similarity, "jaccard")
+        return best
+
     def _vector(self, candidate: Candidate) -> np.ndarray | None:
         embedding = candidate.chunk.embedding
         if self._policy.cosine_threshold is None or not embedding:
             return None
+        import numpy as np
+
         vector = np.asarray(embedding, dtype=np.float64)
         norm = float(np.linalg.norm(vector))
         return vector / norm if norm > 0 else None
@@ -177,6 +237,7 @@ class CopyDetector:
         vector = self._vector(candidate)
         if vector is None or self._policy.cosine_threshold is None:
             return None
+        import numpy as np
         for kept, kept_vector in sorted(self._kept_vectors, key=lambda item: item[0].rank):
             if kept_vector.shape != vector.shape or not self._may_merge(kept, candidate):
                 continue
@@ -186,11 +247,14 @@ class CopyDetector:
         return None
 
     def add_kept(self, candidate: Candidate) -> None:
-        self._kept_by_text.setdefault(candidate.chunk.text, {}).setdefault(
+        self._kept_by_text.setdefault(candidate.text_key, {}).setdefault(
             candidate.chunk.document, candidate
         )
         if self._policy.near:
-            self._kept_words.append((candidate, self._words(candidate)))
+            self._kept.append(candidate)
+            if len(self._kept) <= SCAN_LIMIT:
+                document = None if self._merge_within_documents else candidate.chunk.document
+                self._kept_sketches.append((candidate, self._sketch(candidate), document))
         vector = self._vector(candidate)
         if vector is not None:
             self._kept_vectors.append((candidate, vector))

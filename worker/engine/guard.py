@@ -6,22 +6,31 @@ procedure cannot reach a customer's prompt even when an upstream filter was skip
 
 from __future__ import annotations
 
+import functools
 from datetime import date
+from typing import TYPE_CHECKING
 
-import regex
-
-from schemas.models import DroppedChunk, DropReason
-from worker.engine.candidate import Candidate
+from schemas.models import DropReason
+from worker.engine.candidate import Candidate, Drop
 from worker.engine.policy import GuardPolicy
 from worker.engine.words import has_words
 
-_SYMBOL = regex.compile(r"\p{S}")  # one C-speed scan, linear in the text
+if TYPE_CHECKING:
+    import regex
+
+
+@functools.cache
+def _symbol() -> regex.Pattern[str]:
+    """One C-speed scan, linear in the text; imported once a text without words needs it."""
+    import regex
+
+    return regex.compile(r"\p{S}")
 
 
 def has_content(text: str) -> bool:
     """Words, numbers or symbols (an emoji answer, a formula) are text; only whitespace,
     punctuation, control and format characters are empty."""
-    return has_words(text) or _SYMBOL.search(text) is not None
+    return has_words(text) or _symbol().search(text) is not None
 
 
 def guard(
@@ -30,10 +39,10 @@ def guard(
     audience: str | None,
     as_of: date | None,
     policy: GuardPolicy,
-) -> tuple[list[Candidate], list[DroppedChunk]]:
+) -> tuple[list[Candidate], list[Drop]]:
     """Drop what the reader may not see, what is not in force on `as_of`, and empty text."""
     passed: list[Candidate] = []
-    dropped: list[DroppedChunk] = []
+    dropped: list[Drop] = []
     for candidate in candidates:
         chunk = candidate.chunk
         allowed = chunk.audience

@@ -15,8 +15,8 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schemas.models import DroppedChunk, DropReason
-from worker.engine.candidate import Candidate
+from schemas.models import DropReason
+from worker.engine.candidate import Candidate, Drop
 from worker.engine.dedup import CopyDetector
 from worker.engine.policy import CompressPolicy, SelectPolicy
 from worker.engine.words import chunk_words, jaccard
@@ -72,7 +72,7 @@ class _Packer:
         self.shrink = shrink
         self.kept: list[Packed] = []
         self.used = 0
-        self.dropped: list[DroppedChunk] = []
+        self.dropped: list[Drop] = []
 
     @property
     def full(self) -> bool:
@@ -182,7 +182,7 @@ def pack(
     shrink: Shrink,
     drop_title_line: bool = True,
     separator_tokens: int = 0,
-) -> tuple[list[Packed], list[DroppedChunk]]:
+) -> tuple[list[Packed], list[Drop]]:
     """Returns the kept passages in the order they were chosen, and the dropped ones.
 
     The budget covers the joined context: the separators between passages count too.

@@ -8,6 +8,11 @@ title: when its words are exactly the words of the chunk's `title`. Any other fi
 Word sets of short texts are cached per (text, title), bounded in accounted bytes; longer
 texts are rare, costly to hold and cheap to split again in linear time, so they are not
 cached at all.
+
+A word set of a 2 KB passage costs 20-30 KB to hold, so the cache holds a few thousand: too
+few for a 1,000-chunk event. Most comparisons need far less: a `Sketch` (the set's size, its
+numbers and a 256-bit signature, under 1 KB) rules out nearly every pair exactly, and the
+full sets are looked at only for the pairs it cannot rule out.
 """
 
 from __future__ import annotations
@@ -18,15 +23,16 @@ from itertools import filterfalse
 from typing import Final, NamedTuple
 
 from schemas.models import Chunk
-from worker.engine.cache import SizedCache
+from worker.engine.cache import SizedCache, text_key
 
 WORD = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
-WORD_CACHE_BYTES: Final = 64 * 2**20  # a 2 KB passage's entry is 20-30 KB: about 2,500 of them
+WORD_CACHE_BYTES: Final = 56 * 2**20  # a 2 KB passage's entry is 20-30 KB: about 2,200 of them
+SKETCH_CACHE_BYTES: Final = 8 * 2**20  # about 11,000 sketches; with the word sets, 64 MiB
 WORD_CACHE_MAX_CHARS: Final = 4096  # longer texts are split again on every use
 # Besides the sets, strings and key text: the OrderedDict slot and node, the key tuple, the
-# Words tuple and its size int (about 250 B together).
-_ENTRY_BYTES: Final = 256
+# Words tuple, its size int and its signature (about 310 B together).
+_ENTRY_BYTES: Final = 320
 # A word is a str of its own: a header (49 B in ASCII, up to 76 B otherwise, rounded up by
 # the allocator) and its characters, which all fit in the text it came from.
 _ASCII_WORD_BYTES, _WORD_BYTES = 56, 80
@@ -37,12 +43,48 @@ _BLANK_NON_WORD = str.maketrans(
 )
 
 
+# A sketch's own cost besides its numbers' strings: the key tuple and its 128-bit int, the
+# Sketch tuple, its ints (the signature is 60 B), the OrderedDict slot and node.
+_SKETCH_ENTRY_BYTES: Final = 448
+SIGNATURE_BITS: Final = 256
+_BIT: Final = tuple(1 << bit for bit in range(SIGNATURE_BITS))
+
+
 class Words(NamedTuple):
     """The distinct words a near-duplicate test compares, and which of them hold a digit."""
 
     all: frozenset[str]
     numbers: frozenset[str]
     nbytes: int  # what holding this entry in the cache costs, approximately
+    signature: int  # see `signature`
+
+
+class Sketch(NamedTuple):
+    """What rules most pairs out without the word sets: their sizes, their numbers, and
+    their signatures (`signature_slack`)."""
+
+    size: int
+    numbers: frozenset[str]
+    signature: int
+    nbytes: int
+
+
+def signature(found: frozenset[str]) -> int:
+    """One bit per word, at the word's hash: this process's str hash, as signatures are
+    only compared within the process, and unless PYTHONHASHSEED is fixed no event can aim
+    its words at one bit (which would only make the test rule less out, never wrongly)."""
+    return sum(map(_BIT.__getitem__, {hash(word) & (SIGNATURE_BITS - 1) for word in found}))
+
+
+def signature_slack(least: float) -> float:
+    """`f` such that two word sets of Jaccard similarity >= `least` (> -1) have signatures
+    that differ in at most (|a| + |b|) * f + 0.5 bits: more rules the pair out, exactly.
+
+    A bit set in one signature only is set by a word the other set lacks, so the bits the
+    signatures differ in are at most the words the sets differ in, |a ^ b|; and Jaccard
+    J means |a ^ b| = (|a| + |b|)(1 - J) / (1 + J). The half bit covers float rounding.
+    """
+    return (1 - least) / (1 + least)
 
 
 def words(text: str) -> list[str]:
@@ -79,16 +121,43 @@ def _words_of(text: str, title: str | None) -> Words:
         + sys.getsizeof(numbers)  # its strings are those of `found`
         + strings
     )
-    return Words(found, numbers, nbytes)
+    return Words(found, numbers, nbytes, signature(found))
 
 
-def _entry_bytes(entry: Words) -> int:
+def _entry_bytes(entry: Words | Sketch) -> int:
     return entry.nbytes
 
 
 CACHE: Final[SizedCache[tuple[str, str | None], Words]] = SizedCache(
     WORD_CACHE_BYTES, _entry_bytes
 )
+SKETCHES: Final[SizedCache[tuple[int, str | None], Sketch]] = SizedCache(
+    SKETCH_CACHE_BYTES, _entry_bytes
+)
+
+
+def _sketch_of(found: Words, title: str | None) -> Sketch:
+    strings = sum(map(sys.getsizeof, found.numbers))
+    nbytes = (
+        _SKETCH_ENTRY_BYTES + (sys.getsizeof(title) if title is not None else 0)
+        + sys.getsizeof(found.numbers) + strings
+    )
+    return Sketch(len(found.all), found.numbers, found.signature, nbytes)
+
+
+def chunk_sketch(chunk: Chunk, *, drop_title_line: bool, key: int | None = None) -> Sketch:
+    """The sketch of `chunk_words`, cached as they are, keyed by a 128-bit hash of the text
+    (`key`, if the caller has it: `cache.text_key(chunk.text)`)."""
+    text = chunk.text
+    title = chunk.title if drop_title_line else None
+    if len(text) + (len(title) if title is not None else 0) > WORD_CACHE_MAX_CHARS:
+        return _sketch_of(_words_of(text, title), title)
+    cache_key = (text_key(text) if key is None else key, title)
+    found = SKETCHES.get(cache_key)
+    if found is None:
+        found = _sketch_of(chunk_words(chunk, drop_title_line=drop_title_line), title)
+        SKETCHES.put(cache_key, found)
+    return found
 
 
 def chunk_words(chunk: Chunk, *, drop_title_line: bool) -> Words:

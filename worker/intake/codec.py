@@ -129,13 +129,16 @@ def _may_repeat_keys(raw: bytes, obj: Any) -> bool:
     member per key. Re-encoded, `obj` holds the colons of its strings literally (orjson
     escapes none), so it holds as many colons as `raw` unless a member was dropped, or a
     string spells a colon as an escape (\\u003a): then the exact check decides. A few scans
-    in C instead of a parser three times slower on every event.
+    in C instead of a parser three times slower on every event; none but a comparison
+    when `raw` is byte for byte what orjson writes of `obj`.
     """
-    if _escapes_a_colon(raw):
-        return True
     try:
         again = orjson.dumps(obj)
     except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels)
+        return True
+    if again == raw:  # written as orjson writes (our own outputs, compact producers): its
+        return False  # objects are dicts written out again, one member per key
+    if _escapes_a_colon(raw):
         return True
     return _colons(raw) != _colons(again)
 
