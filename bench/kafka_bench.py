@@ -1,7 +1,8 @@
 """The worker through a real broker, on a ladder of contenders measured side by side.
 
-    python -m bench.kafka_bench [--events 3000] [--rounds 3] [--rate 500] [--rss-events 4000]
+    python -m bench.kafka_bench [--events 3000] [--rounds 3] [--rate R] [--rss-events 4000]
                                 [--json out/kafka-bench.json] [--scale] [--kills 2]
+                                [--only NAME ...]
 
 The ladder, each a process of its own on the same broker, in alternating rounds on fresh
 topics (the order reversed every other round, so machine noise hits them alike):
@@ -16,8 +17,8 @@ the process's CPU time (every thread) over that span, per event, and "engine ms"
 handler's wall time per event (the worker's assembly_duration histogram): the engine thread
 waits for the GIL while the event loop runs, so a figure near the CPU one means the engine
 thread is the bottleneck, and all of the process's Python work, not the engine's alone,
-must shrink to go faster. Latency: events produced at --rate (default 500 events/s, half
-the 1,000 events/s target; half the contender's throughput in that round if less, so that
+must shrink to go faster. Latency: events produced at half the contender's throughput
+in that round (--rate R: at R events/s, or at half the throughput if that is less, so that
 it is not overloaded) to the running contender for --latency-seconds; latency is the
 prompt's arrival (read_committed) minus its input's create time (outputs carry the
 input's timestamp). Medians of the rounds; each contender's events/s as a share of raw
@@ -191,7 +192,7 @@ async def run_round(broker: Broker, contender: Contender, events: list[tuple[byt
             duration = "context_assembler_assembly_duration_seconds"
             engine_ms = 1000 * sum(p.metric(f"{duration}_sum") for p in procs) / max(
                 sum(p.metric(f"{duration}_count") for p in procs), 1)
-        rate = min(args.rate, throughput / 2)
+        rate = throughput / 2 if args.rate is None else min(args.rate, throughput / 2)
         latencies = await latency(broker, topics, events, len(events), rate, args)
     finally:
         for proc in procs:
@@ -205,8 +206,9 @@ async def latency(broker: Broker, topics: Topics, events: list[tuple[bytes, byte
                   before: int, rate: float, args: argparse.Namespace) -> list[float]:
     """Latencies (ms, sorted) of events produced at `rate` to a running contender whose
     prompts topic holds `before` records."""
-    count = int(rate * args.latency_seconds)
-    stream = [(key + b"-latency", value) for key, value in (events * 2)[:count]]
+    wanted = int(rate * args.latency_seconds)  # at most twice the backlog's events
+    stream = [(key + b"-latency", value) for key, value in (events * 2)[:wanted]]
+    count = len(stream)
     ready = asyncio.Event()
     collector = asyncio.create_task(collect(
         broker, topics.prompts, before + count, 300,
@@ -275,6 +277,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     broker = broker_from_env(logs / "broker")
     broker.start()
     ladder = LADDER + ([SCALE] if args.scale else []) + ([ONE_SECOND_COMMITS] if args.kills else [])
+    if args.only:
+        ladder = [c for c in ladder if c.name in args.only or c is LADDER[0]]  # raw: the reference
     results: dict[str, list[Result]] = {c.name: [] for c in ladder}
     shares: dict[str, list[float]] = {c.name: [] for c in ladder}
     report: dict[str, Any] = {"events": args.events, "chunks": args.chunks,
@@ -406,7 +410,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=3000, help="backlog per throughput run")
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--rate", type=float, default=500.0, help="events/s in the latency phase")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="events/s in the latency phase (default: half the throughput)")
     parser.add_argument("--latency-seconds", type=float, default=5.0)
     parser.add_argument("--rss-events", type=int, default=4000,
                         help="events per RSS run (0: none; 100000 for the long run)")
@@ -417,6 +422,9 @@ def main() -> None:
                         help="seconds from a worker being ready (and catching up) to its kill")
     parser.add_argument("--kill-seconds", type=float, default=30.0,
                         help="length of the stream fed during the kills, in seconds")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="run these contenders only (and raw aiokafka, the reference), "
+                        "e.g. --only 'worker ALO'")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", default="out/kafka-bench.json", help="write the results here")
     args = parser.parse_args()

@@ -143,3 +143,25 @@ def test_a_worker_joining_a_balanced_group_gets_partitions(tmp_path: Path) -> No
         assert sorted(p for a in assigned.values() for p in a.actives) == list(range(partitions))
 
     joining()
+
+
+async def test_the_table_manager_starts_recovery_without_faust_s_one_second_nap(
+    tmp_path: Path,
+) -> None:
+    """faust's TableManager sleeps a second before starting recovery; a restarted replica's
+    partitions waited that out. This app has no tables, so its manager goes straight on."""
+    config = Settings(bootstrap_servers="127.0.0.1:1")
+    app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
+                    str(tmp_path))
+    manager: Any = app.tables
+    assert len(manager) == 0
+    steps: list[str] = []
+
+    async def step(name: str, *_: object) -> None:
+        steps.append(name)
+
+    manager.sleep = lambda seconds: step(f"sleep {seconds}")
+    manager._update_channels = lambda: step("channels")
+    manager._recovery = SimpleNamespace(start=lambda: step("recovery"))
+    await manager.on_start()
+    assert steps == ["channels", "recovery"]
