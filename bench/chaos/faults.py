@@ -44,8 +44,8 @@ class Fault:
 
 @dataclass
 class Workers:
-    """The worker processes by slot; a slot keeps its group.instance.id and transactional id
-    across restarts, as a StatefulSet pod keeps its name."""
+    """The worker processes by slot; a slot keeps its group.instance.id across restarts, as
+    a StatefulSet pod keeps its name."""
 
     spawn: Callable[[int], WorkerProcess]
     slots: dict[int, WorkerProcess] = field(default_factory=dict)

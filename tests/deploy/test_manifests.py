@@ -452,7 +452,7 @@ def test_statefulset_replicas_are_static_members_named_after_their_pods() -> Non
     assert source == "metadata.name"
 
 
-def test_exactly_once_replicas_keep_their_transactional_ids(
+def test_exactly_once_replicas_share_the_partitions_transactional_ids(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path, kind, _ = ENTRY_POINTS["exactly-once"]
@@ -464,19 +464,18 @@ def test_exactly_once_replicas_keep_their_transactional_ids(
     service = k8s["Service"]
     assert spec["serviceName"] == service["metadata"]["name"]
     assert service["spec"]["clusterIP"] == "None", "a StatefulSet's governing Service is headless"
-    pod = spec["template"]["spec"]
-    # A StatefulSet pod's hostname is its stable name (<statefulset>-<ordinal>) unless the pod
-    # spec overrides it, which would give every replica the same transactional id.
-    assert not {"hostname", "subdomain", "setHostnameAsFQDN"} & set(pod)
-    (container,) = pod["containers"]
+    (container,) = spec["template"]["spec"]["containers"]
     env = _container_env(objects, container)
+    # Set per pod, the prefix would give a partition's owners different ids, and the next
+    # owner could not fence the previous one: it is left to its default, the group id.
     assert "ASSEMBLER_TRANSACTIONAL_ID" not in env
-    # ...and the worker's default id is <group>-<hostname>: one per ordinal, the same after a
-    # restart, so the replacement fences its predecessor.
-    pod_name = f"{statefulset['metadata']['name']}-0"
-    monkeypatch.setattr(socket, "gethostname", lambda: pod_name)
-    settings = Settings(group_id=env["ASSEMBLER_GROUP_ID"])
-    assert settings.effective_transactional_id == f"{env['ASSEMBLER_GROUP_ID']}-{pod_name}"
+    ids = set()
+    for ordinal in range(2):  # two pods: their hostnames differ, their ids must not
+        pod = f"{statefulset['metadata']['name']}-{ordinal}"
+        monkeypatch.setattr(socket, "gethostname", lambda pod=pod: pod)
+        settings = Settings(group_id=env["ASSEMBLER_GROUP_ID"])
+        ids.add(settings.transactional_id_for(settings.input_topic, 0))
+    assert ids == {f"{env['ASSEMBLER_GROUP_ID']}-{Settings().input_topic}-0"}
 
 
 def test_probes_hit_health_and_ready_on_the_http_port(container: Object, http_port: int) -> None:
@@ -726,7 +725,6 @@ def test_compose_worker_is_scalable_and_stops_in_time(
     worker = services["worker"]
     assert "container_name" not in worker, "container_name prevents --scale"
     assert "ports" not in worker, "a fixed host port prevents --scale"
-    assert "hostname" not in worker, "one hostname would give replicas one transactional id"
     build = worker["build"]
     assert (REPO / build.get("context", ".")).resolve() == REPO
     assert (REPO / build["dockerfile"]).resolve() == (REPO / "deploy" / "Dockerfile").resolve()

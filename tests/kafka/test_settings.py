@@ -13,7 +13,10 @@ def test_settings_come_from_assembler_variables(monkeypatch: pytest.MonkeyPatch)
     assert settings.bootstrap_servers == "k1:9092,k2:9092"
     assert settings.processing_guarantee == "exactly_once"
     assert settings.limits.max_chunks == 50
-    assert settings.effective_transactional_id.startswith("context-assembler-")
+    # One transactional id per input partition, the same on every replica: a partition's
+    # next owner fences its previous one.
+    assert settings.transactional_id_for("retrieval.results", 0) == (
+        "context-assembler-retrieval.results-0")
 
 
 def test_invalid_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

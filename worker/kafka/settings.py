@@ -5,7 +5,6 @@ Invalid settings fail at start with one message naming each bad variable.
 
 from __future__ import annotations
 
-import socket
 from copy import copy
 from typing import Annotated, Any, Literal
 
@@ -49,8 +48,9 @@ class Settings(BaseSettings):
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     transactional_id: str | None = Field(
         default=None,
-        description="exactly_once only; stable per replica so a restart fences its zombie. "
-        "Default: <group_id>-<hostname>.",
+        description="exactly_once only: the prefix of the transactional ids, one per input "
+        "partition (<prefix>-<topic>-<partition>), the same on every replica, so that a "
+        "partition's next owner fences its previous one. Default: the group id.",
     )
     http_host: str = "0.0.0.0"
     http_port: int = Field(default=8080, ge=0, le=65535)
@@ -108,9 +108,9 @@ class Settings(BaseSettings):
     def limits(self) -> Limits:
         return Limits.model_validate({name: getattr(self, name) for name in Limits.model_fields})
 
-    @property
-    def effective_transactional_id(self) -> str:
-        return self.transactional_id or f"{self.group_id}-{socket.gethostname()}"
+    def transactional_id_for(self, topic: str, partition: int) -> str:
+        """The transactional id of whichever replica holds input partition `partition`."""
+        return f"{self.transactional_id or self.group_id}-{topic}-{partition}"
 
 
 def load_settings() -> Settings:

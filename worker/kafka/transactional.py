@@ -1,74 +1,112 @@
-"""Exactly-once delivery on aiokafka's transactional producer.
+"""Exactly-once delivery on aiokafka's transactional producers, one per input partition.
 
 faust's own exactly_once does not hold for this app: killed mid-stream and restarted, it
 published records that read_committed readers saw twice (205 duplicates for 2,000 inputs
 in our run; faust-streaming #517, #177). `tests/integration/test_faust_exactly_once.py`
-keeps that evidence. Here each batch is one Kafka transaction: the prompts, the audits,
-the dead letters and the consumed offsets commit together or not at all, and readers with
-isolation_level=read_committed see every request answered once.
+keeps that evidence. Here each input partition's share of a batch is one Kafka transaction:
+its prompts, audits and dead letters and its consumed offset commit together or not at all,
+and readers with isolation_level=read_committed see every request answered once.
 
-A stable transactional id per replica (ASSEMBLER_TRANSACTIONAL_ID) lets a restarted
-replica fence its predecessor and abort its open transaction at once.
+Zombies are fenced the way Kafka Streams did before KIP-447 (its "exactly-once alpha"):
+aiokafka 0.14 commits a transaction's offsets without the group's generation (TxnOffsetCommit
+v0), so the group cannot stop a worker paused past the session timeout from committing, once
+resumed, for partitions already given to another. The transactional id does: each input
+partition has its own, `<prefix>-<topic>-<partition>` (ASSEMBLER_TRANSACTIONAL_ID, default the
+group id), the same on every replica. Whoever is assigned a partition starts its producer
+first (InitProducerId fences the previous owner's producer and aborts its open transaction)
+and only then reads the committed offset and consumes from there. A producer fenced means
+its partition moved: that partition's events in flight here are dropped unacknowledged, for
+the next owner to redo, and the worker goes on with its other partitions.
+
+A getmany batch is assembled (ENGINE_BATCH events per trip to the engine thread), then its
+partitions' transactions run concurrently, each after that partition's previous one, while
+the next batch is assembled: the engine thread does not wait for the commits' round trips.
 
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
-transaction: a failed one aborts it and the batch is read again from the committed offsets.
-Records go out in producer batches (up to 1 MiB, 5 ms linger), and the broker refuses a
-batch over a topic's limit as if its every record were too large; so a refusal first
-replays the batch with one record per producer batch. A record refused alone teaches the
-runner that topic's limit, so the replayed batch turns that event into a dead letter instead
-(`EventRunner.learn`), and later batches stay within every limit learned. aiokafka counts the
-refused records in its idempotence sequence all the same, and the broker then refuses every
-later send to that partition as out of order: a new producer (a new epoch) starts afresh.
+transaction: a failed one aborts it and the partition is read again from its committed
+offset. Records go out in producer batches (up to 1 MiB, 5 ms linger), and the broker refuses
+a batch over a topic's limit as if its every record were too large; so a refusal first
+replays the partition's events with one record per producer batch. A record refused alone
+teaches the runner that topic's limit, so the replay turns that event into a dead letter
+instead (`EventRunner.learn`), and later batches stay within every limit learned. aiokafka
+counts the refused records in its idempotence sequence all the same, and the broker then
+refuses every later send to that partition as out of order: a new producer (a new epoch)
+starts afresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
-from worker.kafka.records import Origin, OutRecord, value_of
+from worker.kafka.records import Origin, Outcome, OutRecord, value_of
 from worker.kafka.runner import (
     ENGINE_BATCH,
     PRODUCER_LINGER_MS,
     Attempts,
     EventRunner,
     Stopped,
+    collect_less,
     too_large,
 )
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
 BATCH_RECORDS = 200
+Assembled = tuple[bytes, Origin, Outcome]  # an event, and what the engine made of it
+
+
+@dataclass(eq=False)
+class _Partition:
+    """An input partition held here, with its transactional producer."""
+
+    tp: TopicPartition
+    producer: AIOKafkaProducer
+    batch_bytes: int  # 1 while telling which record was refused
+    attempts: Attempts | None = None  # while its transactions keep failing
+    rewinds: int = 0  # events read before its latest rewind are stale
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """A batch's records of one partition, as read at its `rewinds`."""
+
+    partition: _Partition
+    rewinds: int
+    records: list[ConsumerRecord]
+
+
+class _Dropped(Exception):
+    """The partition moved or was rewound since these events were read: whoever reads them
+    next redoes them."""
 
 
 class _Assignment(ConsumerRebalanceListener):  # type: ignore[misc]
-    """The partitions held, and the open transaction a rebalance must wait for: revoked
-    while it is open, its partitions' next owner would read from the offsets committed
-    before it, and redo its events once it commits (seen as duplicates by read_committed
-    readers whenever partitions moved between live workers)."""
+    """The consumer's rebalances, handed to the worker: a revoked partition is given up once
+    the transactions in flight ended (bounded), an assigned one taken once its producer fenced
+    the previous owner's."""
 
-    def __init__(self, wait_seconds: float) -> None:
-        self.partitions: set[TopicPartition] = set()
-        self.open: asyncio.Task[None] | None = None
-        self._wait_seconds = wait_seconds
+    def __init__(self, worker: TransactionalWorker) -> None:
+        self._worker = worker
+
+    @property
+    def partitions(self) -> set[TopicPartition]:
+        return set(self._worker.held)
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        if self.open is not None and not self.open.done():
-            # Bounded: a transaction stuck on a failing broker is aborted by its own error
-            # path, and its batch is then read again from the committed offsets anyway.
-            await asyncio.wait({self.open}, timeout=self._wait_seconds)
-        self.partitions -= set(revoked)
+        await self._worker.release(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        self.partitions |= set(assigned)
+        await self._worker.take(assigned)
 
 
 class _Undelivered(Exception):
@@ -83,22 +121,25 @@ class TransactionalWorker:
     def __init__(self, settings: Settings, runner: EventRunner) -> None:
         self.settings = settings
         self.runner = runner
-        self.assignment = _Assignment(settings.session_timeout_seconds)
-        runner.metrics.assigned.set_function(lambda: len(self.assignment.partitions))
+        self.held: dict[TopicPartition, _Partition] = {}  # producer started, position set
+        self.assignment = _Assignment(self)
+        runner.metrics.assigned.set_function(lambda: len(self.held))
         self.healthy = False
-        self._attempts: Attempts | None = None  # while transactions keep failing
-        self._batch_bytes = runner.batch_bytes  # 1 while telling which record was refused
-        self._producer = self._new_producer()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._batches: set[asyncio.Task[None]] = set()  # being assembled or committed
+        self._engine = asyncio.Lock()  # batches are assembled one at a time, in order
+        self._commits: asyncio.Future[list[BaseException | None]] | None = None  # latest batch's
+        self._fenced: dict[TopicPartition, float] = {}  # still assigned, producer fenced: since
 
     def ready(self) -> bool:
-        return self.healthy and bool(self.assignment.partitions) and not self.runner.blocked
+        return self.healthy and bool(self.held) and not self.runner.blocked
 
     def stop(self) -> None:
         self.runner.stop()
 
     async def run(self) -> None:
         settings = self.settings
-        consumer = AIOKafkaConsumer(
+        consumer = self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers,
             group_id=settings.group_id,
             group_instance_id=settings.group_instance_id,  # static membership if set
@@ -110,81 +151,228 @@ class TransactionalWorker:
         )
         consumer.subscribe([settings.input_topic], listener=self.assignment)
         self.runner.watch_lag(consumer.last_stable_offset)  # read_committed reads up to it
+        previous: asyncio.Task[None] | None = None
         try:
             await self.runner.retry_forever("connect consumer", consumer.start)
-            await self.runner.retry_forever("connect producer", self._producer.start)
+            collect_less()  # the clients are up: freeze what start-up made
             while not self.runner.stopping.is_set():
                 batch = await consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
                 self.healthy = True
-                if batch:
+                claims = self._claim(batch)
+                if claims:
                     # A task, so that stopping can cancel it: an open transaction is aborted,
-                    # and its batch is read again by the partitions' next owner.
-                    task = self.assignment.open = self.runner.spawn(
-                        self._transact(consumer, batch))
-                    await asyncio.wait({task})
-                    if not task.cancelled():
-                        task.result()
+                    # and its events are read again by the partitions' next owner. This batch
+                    # is assembled while the one before it commits; no more are read meanwhile.
+                    task = self.runner.spawn(self._batch(claims))
+                    self._batches.add(task)
+                    task.add_done_callback(self._batches.discard)
+                    if previous is not None:
+                        await _finished(previous)
+                    previous = task
+                if self._fenced:
+                    await self._retake_fenced()
+            if previous is not None:
+                await _finished(previous)
         except Stopped:
             pass
         finally:
             self.healthy = False
-            await self._producer.stop()
+            await asyncio.gather(*self._batches, return_exceptions=True)
+            await asyncio.gather(*(self._close(p) for p in self.held.values()))
+            self.held.clear()
             leave_on_stop(consumer)
             await consumer.stop()
 
-    def _new_producer(self) -> AIOKafkaProducer:
+    def _claim(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> list[_Claim]:
+        """The records of partitions held. Others are being taken (their producer starts, and
+        then the partition is read from its committed offset) or were fenced: skipped."""
+        claims = []
+        for tp, records in batch.items():
+            partition = self.held.get(tp)
+            if partition is not None and records:
+                claims.append(_Claim(partition, partition.rewinds, records))
+        return claims
+
+    def _new_producer(self, tp: TopicPartition, batch_bytes: int) -> AIOKafkaProducer:
         return AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap_servers,
-            transactional_id=self.settings.effective_transactional_id,
+            transactional_id=self.settings.transactional_id_for(tp.topic, tp.partition),
             enable_idempotence=True,
             acks="all",
             max_request_size=self.settings.max_message_bytes,
-            max_batch_size=self._batch_bytes,
+            max_batch_size=batch_bytes,
             linger_ms=PRODUCER_LINGER_MS,
         )
 
+    async def take(self, assigned: Iterable[TopicPartition]) -> None:
+        """Hold the partitions assigned, all at once."""
+        fresh = [tp for tp in assigned if tp not in self.held]
+        for tp in fresh:
+            self._fenced.pop(tp, None)
+        await asyncio.gather(*(self._open(tp) for tp in fresh))
+
+    async def _open(self, tp: TopicPartition) -> None:
+        """Start `tp`'s producer, which fences the previous owner's (its open transaction is
+        aborted, or its commit completed, before the start returns); then read the committed
+        offset and consume `tp` from there. In that order: aiokafka fetches the committed
+        offset of a new partition while this listener runs, possibly before the fence."""
+        consumer = self._consumer
+        assert consumer is not None
+        batch_bytes = self.runner.batch_bytes
+        producer = self._new_producer(tp, batch_bytes)
+        try:
+            await self.runner.retry_forever(f"start the producer of {tp}", producer.start)
+            position = await self._committed(consumer, tp)
+        except BaseException:
+            await producer.stop()
+            raise
+        if tp not in consumer.assignment():  # another rebalance meanwhile
+            await producer.stop()
+            return
+        consumer.seek(tp, position)  # with no await until held: no record is read unclaimed
+        consumer.resume(tp)
+        self.held[tp] = _Partition(tp, producer, batch_bytes)
+
+    async def release(self, revoked: Iterable[TopicPartition]) -> None:
+        """Give the revoked partitions up once the batches in flight ended, so that their next
+        owner reads from the offsets they commit (bounded: a transaction stuck on a failing
+        broker is aborted by its own error path, and its events are read again anyway)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.session_timeout_seconds
+        while pending := {task for task in self._batches if not task.done()}:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                log.warning("giving partitions up with %d batches still in flight after %.0fs; "
+                            "their next owner redoes what those do not commit",
+                            len(pending), self.settings.session_timeout_seconds)
+                break
+            await asyncio.wait(pending, timeout=remaining)
+        released = []
+        for tp in revoked:
+            self._fenced.pop(tp, None)
+            if tp in self.held:
+                released.append(self.held.pop(tp))
+        await asyncio.gather(*(self._close(p) for p in released))
+
+    async def _close(self, partition: _Partition) -> None:
+        try:
+            await partition.producer.stop()
+        except Exception as error:  # it goes anyway; its id is fenced by the next owner
+            log.warning("stopping the producer of %s failed: %r", partition.tp, error)
+
+    async def _batch(self, claims: list[_Claim]) -> None:
+        """Assemble the batch's events, then commit each partition's share in a transaction
+        of its own, the partitions concurrently."""
+        inputs = [(value_of(m), Origin.from_record(m)) for c in claims for m in c.records]
+        outcomes: list[Outcome] = []
+        try:
+            async with self._engine:
+                for start in range(0, len(inputs), ENGINE_BATCH):
+                    outcomes += await self.runner.process_all(inputs[start : start + ENGINE_BATCH])
+        except BaseException as error:  # cancelled: stopping
+            for _, origin in inputs[: len(outcomes)]:
+                self.runner.settle(origin, error)
+            raise
+        # Each transaction starts once the previous batch's have all ended: the partitions'
+        # stay in order, and a read_committed reader of an output partition, which sees
+        # nothing past its earliest open transaction, sees each batch as soon as it commits.
+        previous = self._commits
+        transactions = []
+        start = 0
+        for claim in claims:
+            end = start + len(claim.records)
+            events = [(raw, origin, outcome) for (raw, origin), outcome
+                      in zip(inputs[start:end], outcomes[start:end], strict=True)]
+            start = end
+            transactions.append(self._transact(claim, events, previous))
+        commits = self._commits = asyncio.gather(*transactions, return_exceptions=True)
+        errors = [e for e in await commits if e is not None]
+        if errors:
+            raise errors[0]
+
     async def _transact(
-        self,
-        consumer: AIOKafkaConsumer,
-        batch: dict[TopicPartition, list],  # type: ignore[type-arg]
+        self, claim: _Claim, events: list[Assembled], previous: asyncio.Future[Any] | None
     ) -> None:
-        producer = self._producer
-        inputs = [(value_of(m), Origin.from_record(m)) for ms in batch.values() for m in ms]
-        offsets = {partition: OffsetAndMetadata(messages[-1].offset + 1, "")
-                   for partition, messages in batch.items()}
+        partition = claim.partition
+        tp = partition.tp
         try:
             with self.runner.settling() as origins:  # acknowledged once committed
+                origins.extend(origin for _, origin, _ in events)
+                if previous is not None:
+                    await asyncio.wait({previous})
+                if self.held.get(tp) is not partition or partition.rewinds != claim.rewinds:
+                    raise _Dropped
+                producer = partition.producer
+                offset = claim.records[-1].offset + 1
                 async with producer.transaction():
                     sent: list[tuple[OutRecord, asyncio.Future[Any]]] = []
-                    # ENGINE_BATCH events per trip to the engine thread; each part's records
-                    # are sent while the next part is assembled.
-                    for start in range(0, len(inputs), ENGINE_BATCH):
-                        part = inputs[start : start + ENGINE_BATCH]
-                        outcomes = await self.runner.process_all(part)
-                        origins.extend(origin for _, origin in part)
-                        for (_, origin), outcome in zip(part, outcomes, strict=True):
-                            for record in outcome.records:
-                                sent.append(
-                                    (record, await self._send(producer, record, origin)))
-                    await _delivered(sent)
-                    await producer.send_offsets_to_transaction(offsets, self.settings.group_id)
-        except ProducerFenced:
-            log.error("another replica took over transactional id %s; stopping",
-                      self.settings.effective_transactional_id)
-            self.stop()
+                    for _, origin, outcome in events:
+                        for record in outcome.records:
+                            sent.append((record, await self._send(producer, record, origin)))
+                    # The offset joins while the records are in flight (two round trips
+                    # saved); a record not delivered still aborts the whole transaction.
+                    joined = asyncio.ensure_future(producer.send_offsets_to_transaction(
+                        {tp: OffsetAndMetadata(offset, "")}, self.settings.group_id))
+                    try:
+                        await _delivered(sent)
+                    except BaseException:
+                        await asyncio.wait({joined})  # settled before the abort
+                        if not joined.cancelled():
+                            joined.exception()  # the records' failure is the one raised
+                        raise
+                    await joined
+        except _Dropped:
             return
         except (KafkaError, _Undelivered) as error:
+            if _fenced(error):
+                await self._drop_fenced(partition)
+                return
             # The transaction was aborted: rewind to what was committed and try again.
             self.healthy = False
-            await self._failed(error)
-            await self._rewind(consumer, list(batch))
+            await self._failed(partition, error)
+            await self._rewind(partition)
             return
-        if self._attempts is not None:
-            self._attempts.close()
-            self._attempts = None
-        if self._batch_bytes != self.runner.batch_bytes:  # back to batches, within the limits
-            self._batch_bytes = self.runner.batch_bytes
-            await self._renew_producer()
+        if partition.attempts is not None:
+            partition.attempts.close()
+            partition.attempts = None
+        if partition.batch_bytes != self.runner.batch_bytes:  # back to batches, within limits
+            partition.batch_bytes = self.runner.batch_bytes
+            await self._renew_producer(partition)
+
+    async def _drop_fenced(self, partition: _Partition) -> None:
+        """Another worker started this partition's producer: the partition was given to it
+        while this one did not hear of it (paused past the session timeout, say). Its events
+        here were not committed; the other worker redoes them. The consumer hears of the
+        rebalance at its next heartbeat; meanwhile the partition is not read here."""
+        tp = partition.tp
+        log.error("the producer of %s (transactional id %s) was fenced: another worker holds "
+                  "that partition now; its uncommitted events are dropped here and redone "
+                  "there", tp, self.settings.transactional_id_for(tp.topic, tp.partition))
+        if partition.attempts is not None:
+            partition.attempts.close()
+            partition.attempts = None
+        if self.held.get(tp) is partition:
+            del self.held[tp]
+            consumer = self._consumer
+            if consumer is not None and tp in consumer.assignment():
+                consumer.pause(tp)
+                self._fenced[tp] = asyncio.get_running_loop().time()
+        await self._close(partition)
+
+    async def _retake_fenced(self) -> None:
+        """A fenced partition still assigned here a session timeout later, with no rebalance
+        (its transaction outlived transaction.timeout.ms, say): take it back as if assigned."""
+        consumer = self._consumer
+        assert consumer is not None
+        now = asyncio.get_running_loop().time()
+        for tp, since in list(self._fenced.items()):
+            if tp not in consumer.assignment():
+                del self._fenced[tp]
+            elif now - since >= self.settings.session_timeout_seconds:
+                del self._fenced[tp]
+                log.warning("%s is still assigned here %.0fs after its producer was fenced, "
+                            "with no rebalance: taking it back", tp, now - since)
+                await self._open(tp)
 
     async def _send(
         self, producer: AIOKafkaProducer, record: OutRecord, origin: Origin
@@ -205,60 +393,83 @@ class TransactionalWorker:
             future.set_exception(error)
         return future
 
-    async def _failed(self, error: Exception) -> None:
+    async def _failed(self, partition: _Partition, error: Exception) -> None:
         """Learn from records refused as too large and replay at once, or back off."""
         failures = error.failures if isinstance(error, _Undelivered) else [(None, error)]
         refused = [record for record, cause in failures if record and too_large(cause)]
-        if refused and self._batch_bytes > 1:
+        if refused and partition.batch_bytes > 1:
             # The broker refuses a batch over the topic's limit as if its every record were
             # too large: replay with a record per batch to tell which ones really are.
-            log.warning("records refused as too large; replaying the batch, one record per "
-                        "producer batch")
-            self._batch_bytes = 1
-            await self._renew_producer()
+            log.warning("records refused as too large; replaying %s's events, one record per "
+                        "producer batch", partition.tp)
+            partition.batch_bytes = 1
+            await self._renew_producer(partition)
             return
         learned = [self.runner.learn(record) for record in refused]  # each, no short cut
         broken = [c for _, c in failures if isinstance(c, OutOfOrderSequenceNumber)]
         if refused or broken:
-            await self._renew_producer()
+            await self._renew_producer(partition)
         # Sends after a refused one on its partition fail out of order: consequences only.
         others = [(r, c) for r, c in failures if r not in refused and not (refused and c in broken)]
         if learned and all(learned) and not others:
-            log.warning("transaction aborted, replaying the batch with smaller records")
+            log.warning("transaction aborted, replaying %s's events with smaller records",
+                        partition.tp)
             return
         record, cause = (others or failures)[0]
-        if self._attempts is None:
-            self._attempts = Attempts(self.runner, "transaction")
-        await self._attempts.failed(
-            cause, f"transaction (produce to {record.topic})" if record else None)
+        if partition.attempts is None:
+            partition.attempts = Attempts(self.runner, f"transaction of {partition.tp}")
+        await partition.attempts.failed(
+            cause, f"transaction of {partition.tp} (produce to {record.topic})" if record else None)
 
-    async def _renew_producer(self) -> None:
-        """A new epoch for the transactional id: idempotence sequences start afresh."""
-        await self._producer.stop()
-        self._producer = self._new_producer()
-        await self.runner.retry_forever("connect producer", self._producer.start)
+    async def _renew_producer(self, partition: _Partition) -> None:
+        """A new epoch for the partition's transactional id: idempotence sequences start
+        afresh. Not for a partition given up meanwhile: that would fence its new owner."""
+        await self._close(partition)
+        if self.held.get(partition.tp) is not partition:
+            return
+        partition.producer = self._new_producer(partition.tp, partition.batch_bytes)
+        await self.runner.retry_forever(f"start the producer of {partition.tp}",
+                                        partition.producer.start)
 
-    async def _rewind(self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> None:
-        for partition in partitions:
-            if partition not in consumer.assignment():
-                continue
-            committed = await self._committed(consumer, partition)
-            if committed is None:
-                await consumer.seek_to_beginning(partition)
-            else:
-                consumer.seek(partition, committed)
+    async def _rewind(self, partition: _Partition) -> None:
+        """Read the partition again from its committed offset; what was read past it before
+        is dropped (`rewinds`)."""
+        consumer = self._consumer
+        assert consumer is not None
+        tp = partition.tp
+        if self.held.get(tp) is not partition or tp not in consumer.assignment():
+            return
+        position = await self._committed(consumer, tp)
+        if self.held.get(tp) is partition and tp in consumer.assignment():
+            partition.rewinds += 1
+            consumer.seek(tp, position)
 
-    async def _committed(
-        self, consumer: AIOKafkaConsumer, partition: TopicPartition
-    ) -> int | None:
-        result: int | None = None
+    async def _committed(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
+        """The committed offset of `tp`, or its first offset if none was committed."""
+        result = 0
 
         async def ask() -> None:
             nonlocal result
-            result = await consumer.committed(partition)
+            committed = await consumer.committed(tp)
+            if committed is None:
+                committed = (await consumer.beginning_offsets([tp]))[tp]
+            result = committed
 
-        await self.runner.retry_forever(f"read committed offset of {partition}", ask)
+        await self.runner.retry_forever(f"read committed offset of {tp}", ask)
         return result
+
+
+def _fenced(error: BaseException) -> bool:
+    """Raised, or a send failed, because another producer with the id started since."""
+    causes = [c for _, c in error.failures] if isinstance(error, _Undelivered) else [error]
+    return any(isinstance(cause, ProducerFenced) for cause in causes)
+
+
+async def _finished(task: asyncio.Task[None]) -> None:
+    """Wait for `task`; raise what it raised (Stopped, or a bug), unless it was cancelled."""
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.result()
 
 
 async def _delivered(sent: list[tuple[OutRecord, asyncio.Future[Any]]]) -> None:
