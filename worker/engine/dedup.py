@@ -130,7 +130,12 @@ class CopyDetector:
         self._slack = signature_slack(self._least)
 
     def _may_merge(self, a: Candidate, b: Candidate) -> bool:
-        return self._policy.same_document == "dedup" or a.chunk.document != b.chunk.document
+        return self._merge_within_documents or a.chunk.document != b.chunk.document
+
+    def _apart(self, candidate: Candidate) -> str | None:
+        """The document whose other chunks `_may_merge` keeps `candidate` apart from, or
+        None where documents may merge: what a scanned comparison reads instead."""
+        return None if self._merge_within_documents else candidate.chunk.document
 
     def _words(self, candidate: Candidate) -> Words:
         return chunk_words(candidate.chunk, drop_title_line=self._policy.drop_title_line)
@@ -203,7 +208,7 @@ class CopyDetector:
             return None
         threshold, least, slack = self._policy.near_threshold, self._least, self._slack
         numbers = sketch.numbers if self._policy.numbers_must_match else None
-        document = None if self._merge_within_documents else candidate.chunk.document
+        document = self._apart(candidate)
         best: Twin | None = None
         for kept, kept_sketch, kept_document in self._kept_sketches:
             other = kept_sketch.size
@@ -253,8 +258,8 @@ class CopyDetector:
         if self._policy.near:
             self._kept.append(candidate)
             if len(self._kept) <= SCAN_LIMIT:
-                document = None if self._merge_within_documents else candidate.chunk.document
-                self._kept_sketches.append((candidate, self._sketch(candidate), document))
+                sketch = self._sketch(candidate)
+                self._kept_sketches.append((candidate, sketch, self._apart(candidate)))
         vector = self._vector(candidate)
         if vector is not None:
             self._kept_vectors.append((candidate, vector))
