@@ -38,8 +38,8 @@ TOKENIZERS: Final[tuple[TokenizerName, ...]] = ("cl100k_base", "o200k_base", "ch
 # A tokenizer.json, by the sha256 of its bytes: what a policy holds once its file is read.
 HfTokenizerName = NewType("HfTokenizerName", str)
 HF_TOKENIZER: Final = re.compile(r"hf:sha256:[0-9a-f]{64}")
-# Counts are keyed by a 128-bit hash, so an entry costs COUNT_ENTRY_BYTES whatever the text's
-# length: 32 MiB hold about 175,000 texts per encoding.
+# Counts are keyed by `cache.text_key` (128 bits no event can aim), so an entry costs
+# COUNT_ENTRY_BYTES whatever the text's length: 32 MiB hold about 175,000 texts per encoding.
 TOKEN_CACHE_BYTES: Final = 32 * 2**20
 
 
