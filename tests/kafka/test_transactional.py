@@ -30,8 +30,10 @@ Journal = list[tuple[str, ...]]
 class FakeProducer:
     """Records what is asked of it in the shared journal; `fenced` ids fail at their offsets."""
 
-    def __init__(self, journal: Journal, fenced: set[str], **config: Any) -> None:
+    def __init__(self, journal: Journal, fenced: set[str], gate: asyncio.Event,
+                 **config: Any) -> None:
         self.config = config
+        self._gate = gate  # a transaction's offsets join once it is set
         self.id: str = config["transactional_id"]
         self._journal = journal
         self._fenced = fenced
@@ -66,6 +68,7 @@ class FakeProducer:
 
     async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, Any],
                                           group_id: str) -> None:
+        await self._gate.wait()
         if self.id in self._fenced:
             raise ProducerFenced()
         self.committed.append({tp: meta.offset for tp, meta in offsets.items()})
@@ -104,9 +107,11 @@ class Rig:
         self.journal: Journal = []
         self.fenced: set[str] = set()
         self.producers: list[FakeProducer] = []
+        self.gate = asyncio.Event()  # cleared: transactions wait
+        self.gate.set()
 
         def producer(**config: Any) -> FakeProducer:
-            made = FakeProducer(self.journal, self.fenced, **config)
+            made = FakeProducer(self.journal, self.fenced, self.gate, **config)
             self.producers.append(made)
             return made
 
@@ -186,6 +191,25 @@ async def test_a_batch_commits_each_partitions_records_and_offset_in_its_own_tra
     assert rig.in_flight() == 0
 
 
+async def test_batches_assembled_while_a_round_commits_share_the_next_round(rig: Rig) -> None:
+    await rig.assign(TP0, TP1)
+    rig.gate.clear()  # the first round's transactions stay open
+    first = asyncio.create_task(rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 2)})))
+    while not rig.producer(TP0).sent:
+        await asyncio.sleep(0.01)
+    later = [asyncio.create_task(rig.worker._batch(rig.worker._claim(batch))) for batch in (
+        {TP0: records(TP0, 9, 1), TP1: records(TP1, 3, 2)}, {TP0: records(TP0, 10, 2)})]
+    while len(rig.worker._assembled) < 3:
+        await asyncio.sleep(0.01)
+    assert rig.producer(TP0).committed == [] and not any(t.done() for t in (first, *later))
+    rig.gate.set()
+    await asyncio.gather(first, *later)
+    # One transaction per partition and round, its offset after the round's last event.
+    assert rig.producer(TP0).committed == [{TP0: 9}, {TP0: 12}]
+    assert rig.producer(TP1).committed == [{TP1: 5}]
+    assert rig.in_flight() == 0
+
+
 async def test_a_fenced_partition_is_dropped_and_the_worker_goes_on(
     rig: Rig, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -232,7 +256,7 @@ async def test_a_revocation_waits_for_the_batch_in_flight_then_closes_the_produc
         await release.wait()
 
     batch = asyncio.create_task(in_flight())
-    rig.worker._batches.add(batch)
+    rig.worker._batches[batch] = 1
     revoking = asyncio.create_task(rig.worker.assignment.on_partitions_revoked([TP0]))
     await asyncio.sleep(0.05)
     assert not revoking.done(), "gave the partition away while its transaction was open"
@@ -252,7 +276,7 @@ async def test_a_revocation_gives_up_waiting_after_its_bound(
         await asyncio.Event().wait()
 
     stuck = asyncio.create_task(never_ends())
-    rig.worker._batches.add(stuck)
+    rig.worker._batches[stuck] = 1
     loop = asyncio.get_running_loop()
     began = loop.time()
     rig.worker.settings = rig.worker.settings.model_copy(update={"session_timeout_seconds": 0.05})

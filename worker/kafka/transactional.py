@@ -18,9 +18,16 @@ and only then reads the committed offset and consumes from there. A producer fen
 its partition moved: that partition's events in flight here are dropped unacknowledged, for
 the next owner to redo, and the worker goes on with its other partitions.
 
-A getmany batch is assembled (ENGINE_BATCH events per trip to the engine thread), then its
-partitions' transactions run concurrently, each after that partition's previous one, while
-the next batch is assembled: the engine thread does not wait for the commits' round trips.
+Three stages overlap: reading, assembling and committing. Batches are read ahead while
+earlier ones are assembled and committed (up to MAX_EVENTS_IN_FLIGHT events read and not yet
+committed); they are assembled in order, ENGINE_BATCH events per trip to the engine thread;
+and commits go in rounds, one at a time: a round takes every event assembled since the last
+one began, and commits each partition's share in one transaction, the partitions
+concurrently. So an event waits for at most the round in progress and its own, whatever the
+batch it came in; a round that started before a batch's events were assembled does not wait
+for them, nor they for a batch read after them. A read_committed reader of an output
+partition sees nothing past its earliest open transaction: rounds that never overlap let it
+see each round as soon as it commits.
 
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
@@ -62,6 +69,9 @@ from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
 BATCH_RECORDS = 200
+# Read ahead of the commits by this much at most (~20 MB of 50 KB events): enough to keep the
+# engine busy while a round commits, bounded so that a round's transactions stay small.
+MAX_EVENTS_IN_FLIGHT = 2 * BATCH_RECORDS
 Assembled = tuple[bytes, Origin, Outcome]  # an event, and what the engine made of it
 
 
@@ -83,6 +93,14 @@ class _Claim:
     partition: _Partition
     rewinds: int
     records: list[ConsumerRecord]
+
+
+@dataclass(frozen=True, eq=False)
+class _Share:
+    """A claim's events assembled, waiting for the next round of commits."""
+
+    claim: _Claim
+    events: list[Assembled]
 
 
 class _Dropped(Exception):
@@ -126,9 +144,11 @@ class TransactionalWorker:
         runner.metrics.assigned.set_function(lambda: len(self.held))
         self.healthy = False
         self._consumer: AIOKafkaConsumer | None = None
-        self._batches: set[asyncio.Task[None]] = set()  # being assembled or committed
+        self._batches: dict[asyncio.Task[None], int] = {}  # being assembled or committed: events
         self._engine = asyncio.Lock()  # batches are assembled one at a time, in order
-        self._commits: asyncio.Future[list[BaseException | None]] | None = None  # latest batch's
+        self._assembled: list[_Share] = []  # for the next round
+        self._next_round: asyncio.Future[list[BaseException]] | None = None  # its outcome
+        self._committer: asyncio.Task[None] | None = None  # runs rounds while any is due
         self._fenced: dict[TopicPartition, float] = {}  # still assigned, producer fenced: since
 
     def ready(self) -> bool:
@@ -151,28 +171,25 @@ class TransactionalWorker:
         )
         consumer.subscribe([settings.input_topic], listener=self.assignment)
         self.runner.watch_lag(consumer.last_stable_offset)  # read_committed reads up to it
-        previous: asyncio.Task[None] | None = None
         try:
             await self.runner.retry_forever("connect consumer", consumer.start)
             collect_less()  # the clients are up: freeze what start-up made
             while not self.runner.stopping.is_set():
+                self._reap()
+                while sum(self._batches.values()) >= MAX_EVENTS_IN_FLIGHT:
+                    await self._one_finished()
                 batch = await consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
                 self.healthy = True
                 claims = self._claim(batch)
                 if claims:
                     # A task, so that stopping can cancel it: an open transaction is aborted,
-                    # and its events are read again by the partitions' next owner. This batch
-                    # is assembled while the one before it commits; no more are read meanwhile.
+                    # and its events are read again by the partitions' next owner.
                     task = self.runner.spawn(self._batch(claims))
-                    self._batches.add(task)
-                    task.add_done_callback(self._batches.discard)
-                    if previous is not None:
-                        await _finished(previous)
-                    previous = task
+                    self._batches[task] = sum(len(claim.records) for claim in claims)
                 if self._fenced:
                     await self._retake_fenced()
-            if previous is not None:
-                await _finished(previous)
+            while self._batches:
+                await self._one_finished()
         except Stopped:
             pass
         finally:
@@ -182,6 +199,18 @@ class TransactionalWorker:
             self.held.clear()
             leave_on_stop(consumer)
             await consumer.stop()
+
+    async def _one_finished(self) -> None:
+        await asyncio.wait(set(self._batches), return_when=asyncio.FIRST_COMPLETED)
+        self._reap()
+
+    def _reap(self) -> None:
+        """Forget the batches that ended; raise what one raised (Stopped, or a bug), unless it
+        was cancelled."""
+        for task in [task for task in self._batches if task.done()]:
+            del self._batches[task]
+            if not task.cancelled():
+                task.result()
 
     def _claim(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> list[_Claim]:
         """The records of partitions held. Others are being taken (their producer starts, and
@@ -261,8 +290,8 @@ class TransactionalWorker:
             log.warning("stopping the producer of %s failed: %r", partition.tp, error)
 
     async def _batch(self, claims: list[_Claim]) -> None:
-        """Assemble the batch's events, then commit each partition's share in a transaction
-        of its own, the partitions concurrently."""
+        """Assemble the batch's events, in order after the batches read before it, and wait
+        for the round of commits that takes them."""
         inputs = [(value_of(m), Origin.from_record(m)) for c in claims for m in c.records]
         outcomes: list[Outcome] = []
         try:
@@ -273,37 +302,75 @@ class TransactionalWorker:
             for _, origin in inputs[: len(outcomes)]:
                 self.runner.settle(origin, error)
             raise
-        # Each transaction starts once the previous batch's have all ended: the partitions'
-        # stay in order, and a read_committed reader of an output partition, which sees
-        # nothing past its earliest open transaction, sees each batch as soon as it commits.
-        previous = self._commits
-        transactions = []
         start = 0
         for claim in claims:
             end = start + len(claim.records)
             events = [(raw, origin, outcome) for (raw, origin), outcome
                       in zip(inputs[start:end], outcomes[start:end], strict=True)]
             start = end
-            transactions.append(self._transact(claim, events, previous))
-        commits = self._commits = asyncio.gather(*transactions, return_exceptions=True)
-        errors = [e for e in await commits if e is not None]
+            self._assembled.append(_Share(claim, events))
+        if self._next_round is None:
+            self._next_round = asyncio.get_running_loop().create_future()
+        committed = self._next_round
+        if self._committer is None or self._committer.done():
+            self._committer = self.runner.spawn(self._commit_rounds())
+        errors = await asyncio.shield(committed)  # one waiter cancelled does not stop a round
         if errors:
             raise errors[0]
 
-    async def _transact(
-        self, claim: _Claim, events: list[Assembled], previous: asyncio.Future[Any] | None
-    ) -> None:
-        partition = claim.partition
+    async def _commit_rounds(self) -> None:
+        """Commit rounds while any events are assembled: each round takes them all, and its
+        partitions' transactions run concurrently. Events left when this is cancelled
+        (stopping) are settled undelivered."""
+        try:
+            while self._assembled:
+                shares, self._assembled = self._assembled, []
+                committed, self._next_round = self._next_round, None
+                assert committed is not None
+                try:
+                    errors = await self._commit_round(shares)
+                except BaseException as error:
+                    _fail(committed, error)
+                    raise
+                committed.set_result(errors)
+        except BaseException as error:
+            for share in self._assembled:
+                for _, origin, _ in share.events:
+                    self.runner.settle(origin, error)
+            self._assembled = []
+            if self._next_round is not None:
+                _fail(self._next_round, error)
+                self._next_round = None
+            raise
+
+    async def _commit_round(self, shares: list[_Share]) -> list[BaseException]:
+        """Each partition's shares in one transaction; what the transactions raised."""
+        by_partition: dict[_Partition, list[_Share]] = {}
+        for share in shares:
+            by_partition.setdefault(share.claim.partition, []).append(share)
+        ended = await asyncio.gather(
+            *(self._transact(partition, its) for partition, its in by_partition.items()),
+            return_exceptions=True)
+        return [error for error in ended if error is not None]
+
+    async def _transact(self, partition: _Partition, shares: list[_Share]) -> None:
+        """Commit the shares' records and their last offset in one transaction. Shares read
+        before the partition was rewound, or moved, are dropped (their events are read again)."""
         tp = partition.tp
+        current = self.held.get(tp) is partition
+        fresh = [s for s in shares if current and s.claim.rewinds == partition.rewinds]
+        for share in shares:
+            if share not in fresh:
+                for _, origin, _ in share.events:
+                    self.runner.settle(origin, _Dropped())
+        if not fresh:
+            return
+        events = [event for share in fresh for event in share.events]
         try:
             with self.runner.settling() as origins:  # acknowledged once committed
                 origins.extend(origin for _, origin, _ in events)
-                if previous is not None:
-                    await asyncio.wait({previous})
-                if self.held.get(tp) is not partition or partition.rewinds != claim.rewinds:
-                    raise _Dropped
                 producer = partition.producer
-                offset = claim.records[-1].offset + 1
+                offset = fresh[-1].claim.records[-1].offset + 1
                 async with producer.transaction():
                     sent: list[tuple[OutRecord, asyncio.Future[Any]]] = []
                     for _, origin, outcome in events:
@@ -321,8 +388,6 @@ class TransactionalWorker:
                             joined.exception()  # the records' failure is the one raised
                         raise
                     await joined
-        except _Dropped:
-            return
         except (KafkaError, _Undelivered) as error:
             if _fenced(error):
                 await self._drop_fenced(partition)
@@ -465,11 +530,12 @@ def _fenced(error: BaseException) -> bool:
     return any(isinstance(cause, ProducerFenced) for cause in causes)
 
 
-async def _finished(task: asyncio.Task[None]) -> None:
-    """Wait for `task`; raise what it raised (Stopped, or a bug), unless it was cancelled."""
-    await asyncio.wait({task})
-    if not task.cancelled():
-        task.result()
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    """End `future` as `error` ended what it stood for."""
+    if isinstance(error, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(error)
 
 
 async def _delivered(sent: list[tuple[OutRecord, asyncio.Future[Any]]]) -> None:
