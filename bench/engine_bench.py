@@ -35,8 +35,10 @@ import functools
 import gc
 import json
 import math
+import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -487,16 +489,29 @@ def tokenizer_cost(bench: Bench, events: int) -> TokenizerCost:
 
 @dataclass
 class FileMode:
-    """Wall time of two fresh processes over one file: the CLI and the naive script."""
+    """Wall time of two fresh processes over one file, the CLI and the naive script, and
+    their CPU time (user + system), which the machine's other load moves less."""
 
     events: int
     engine_s: list[float] = field(default_factory=list)
     naive_s: list[float] = field(default_factory=list)
+    engine_cpu_s: list[float] = field(default_factory=list)
+    naive_cpu_s: list[float] = field(default_factory=list)
     agree: bool = True
 
     @property
     def speedup(self) -> float:
         return statistics.median(self.naive_s) / statistics.median(self.engine_s)
+
+    @property
+    def cpu_speedup(self) -> float:
+        return statistics.median(self.naive_cpu_s) / statistics.median(self.engine_cpu_s)
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of the child processes that have ended so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def file_mode(seed: int, events: int, runs: int) -> FileMode:
@@ -514,13 +529,26 @@ def file_mode(seed: int, events: int, runs: int) -> FileMode:
                       "--out", str(prompts), "--audit", str(audits)]
         naive_cmd = [sys.executable, "-m", "bench.engine_bench", "--naive-file", str(source),
                      "--naive-out", str(naive_out)]
+        # Both as installed programs, whose modules are compiled once (pip compiles at
+        # install): with PYTHONDONTWRITEBYTECODE set and no __pycache__, every process would
+        # compile the project's sources again, ~60 ms of the CLI's ~0.4 s start-up. So the
+        # bytecode goes to a cache of the run's own, filled by an untimed one-event run each.
+        env = {**os.environ, "PYTHONPYCACHEPREFIX": str(Path(work, "pycache"))}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        first = Path(work, "first.jsonl")
+        first.write_bytes(encode(pairs[0][0]) + b"\n")
+        for cmd in (engine_cmd, naive_cmd):
+            warm_up = [str(first) if part == str(source) else part for part in cmd]
+            subprocess.run(warm_up, check=True, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
         for i in range(runs):
             for cmd in (engine_cmd, naive_cmd) if i % 2 == 0 else (naive_cmd, engine_cmd):
-                start = time.perf_counter()
-                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
+                start, used = time.perf_counter(), _children_cpu()
+                subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)  # kept for a CalledProcessError
-                elapsed = time.perf_counter() - start
+                elapsed, cpu = time.perf_counter() - start, _children_cpu() - used
                 (result.engine_s if cmd is engine_cmd else result.naive_s).append(elapsed)
+                (result.engine_cpu_s if cmd is engine_cmd else result.naive_cpu_s).append(cpu)
         kept_engine = [
             [k["chunk_id"] for k in orjson.loads(line)["kept"]]
             for line in audits.read_bytes().splitlines()
@@ -692,7 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{large.median_ms:.2f} ms ({large.events} events)")
     print(f"file mode, whole process, {files.events} events of {FILE_MODE_CHUNKS} chunks: CLI "
           f"{statistics.median(files.engine_s):.2f} s, naive seed 000 "
-          f"{statistics.median(files.naive_s):.2f} s: {files.speedup:.1f}x")
+          f"{statistics.median(files.naive_s):.2f} s: {files.speedup:.1f}x; CPU time "
+          f"{statistics.median(files.engine_cpu_s):.2f} s and "
+          f"{statistics.median(files.naive_cpu_s):.2f} s: {files.cpu_speedup:.1f}x")
     print(f"tokenizer.json (byte-level BPE, {hf.vocabulary} tokens, trained here) vs "
           f"{ENCODING}, cold, {HF_CHUNKS} chunks, the same {len(hf.engine['hf'])} events: "
           f"assemble median {Summary.of(hf.engine[ENCODING]).median_ms:.2f} ms vs "
@@ -724,7 +754,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "warm": _summary_json(piped.large)}},
             "file_mode": {"chunks": FILE_MODE_CHUNKS, "events": files.events,
                           "engine_s": files.engine_s, "naive_s": files.naive_s,
-                          "naive_over_engine": files.speedup, "kept_agree": files.agree},
+                          "engine_cpu_s": files.engine_cpu_s, "naive_cpu_s": files.naive_cpu_s,
+                          "naive_over_engine": files.speedup,
+                          "naive_over_engine_cpu": files.cpu_speedup, "kept_agree": files.agree},
             "tokenizer_json": {"chunks": HF_CHUNKS, "vocabulary": hf.vocabulary,
                                "engine": {k: _summary_json(v) for k, v in hf.engine.items()},
                                "alone": {k: _summary_json(v) for k, v in hf.alone.items()},
