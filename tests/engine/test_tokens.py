@@ -1,3 +1,4 @@
+import functools
 import threading
 
 import pytest
@@ -128,3 +129,24 @@ def test_counting_in_parts_is_exact(parts: list[str], encoding: str) -> None:
     """The prompt is counted from cached parts; that must equal counting it whole."""
     counter = get_counter(encoding)  # type: ignore[arg-type]
     assert counter.count_parts(parts) == counter.count("".join(parts))
+
+
+_ENCODINGS = functools.cache(load_encoding)
+SPECIAL = st.sampled_from(["<|endoftext|>", "<|fim_prefix|>", "<|endofprompt|>"])
+ANY_TEXT = st.lists(st.one_of(TRICKY, SPECIAL, st.text(st.characters(codec=None,
+                                                                    exclude_categories=()))),
+                    max_size=6).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ANY_TEXT, st.sampled_from(["cl100k_base", "o200k_base"]),
+       st.sampled_from([0, 1, 1100]))
+def test_every_text_is_counted_as_tiktoken_encode_ordinary_counts_it(
+    text: str, encoding: str, repeat: int
+) -> None:
+    """Short texts are counted without letting the GIL go, long ones with encode_ordinary:
+    both as tiktoken's encode_ordinary (special-token text as text, lone surrogates too)."""
+    text = text + "x " * repeat  # across HOLD_GIL_BELOW_CHARS
+    tiktoken_encoding = _ENCODINGS(encoding)
+    counter = TiktokenCounter(tiktoken_encoding)  # its own cache: every text counted afresh
+    assert counter.count(text) == len(tiktoken_encoding.encode_ordinary(text))
