@@ -271,6 +271,39 @@ def test_a_cached_passage_cost_is_the_cost_of_its_rendering() -> None:
         assert assemble(again, policy) == warm, preset
 
 
+def test_a_text_seen_under_other_header_fields_or_titles_is_costed_and_compared_as_itself() -> None:
+    """Passage costs and sketches are found by the text and checked against the header fields
+    and title they were made with: one text under other fields, in turn, assembles as it
+    would in a fresh process (the cost a drop reports; a copy found without the title line)."""
+    line = " ".join(f"w{i}" for i in range(200))  # the title line, or 200 words of content
+    body = prose(random.Random(8), 400)
+    copy = chunk("c2", "Hose guide\n" + body, doc_id="d2", title="Hose guide")
+    variants = [
+        chunk("c1", f"{line}\n{body}", doc_id="d1", title=line, section="Care"),
+        chunk("c1", f"{line}\n{body}", doc_id="d1", title=line, section="Care " * 9),
+        chunk("c1", f"{line}\n{body}", doc_id="d1", title="Other", version="2"),
+    ]
+    cases = [
+        (RetrievalResult(request_id="r", question="pump?", chunks=[c, copy]), policy)
+        for policy in (Policy(), policy_from_mapping({"budget": {"context_tokens": 60}}))
+        for c in variants
+    ]
+    fresh = []
+    for event, policy in cases:
+        assemble_module.PASSAGE_COSTS.clear()
+        words.SKETCHES.clear()
+        fresh.append(assemble(event, policy))
+    reasons = [[(d.chunk_id, d.reason, d.detail) for d in f.audit.dropped] for f in fresh]
+    # The copy's body is c1's without the title line: a copy unless "Other" keeps the line.
+    assert [[d[1] for d in r] for r in reasons[:3]] == [["near_duplicate"]] * 2 + [[]]
+    assert len({r[0][2] for r in reasons[3:]}) == 3  # each header costs its own tokens
+    runs = list(zip(cases, fresh, strict=True))
+    assemble_module.PASSAGE_COSTS.clear()
+    words.SKETCHES.clear()
+    for (event, policy), expected in runs[::-1] + runs + runs[::-1]:  # each after the others
+        assert assemble(event, policy) == expected
+
+
 def sized(max_bytes: int) -> SizedCache[str, str]:
     return SizedCache(max_bytes, len)
 

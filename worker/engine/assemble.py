@@ -13,12 +13,11 @@ import operator
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from schemas.models import (
     AssembledPrompt,
     AssemblyAudit,
-    Chunk,
     Citation,
     DropReason,
     EngineInfo,
@@ -94,31 +93,43 @@ def _plan_budget(
 
 
 # A passage's cost, across requests: a popular chunk is rendered and counted once per
-# (tokenizer, text, label, header fields), not once per request. Keys hold the text's 128-bit
-# hash and the header fields; each entry is charged its fields' sizes, so hostile metadata
-# cannot grow the cache past its bytes.
+# (tokenizer, text, label, header fields), not once per request. Keys hold the tokenizer, the
+# text's 128-bit hash, the header style and the label all passages share (None where each is
+# labelled by its chunk_id); an entry holds the header fields it was counted with, compared
+# on a hit instead of hashed: each request's strings are new objects, and hashing them cost
+# more than the rest of the look-up. A text seen under other fields is counted again. Each
+# entry is charged its fields' sizes, so hostile metadata cannot grow the cache past its bytes.
 PASSAGE_COST_BYTES: Final = 16 * 2**20
-_COST_ENTRY_BYTES: Final = 512  # tuple, int key and value, OrderedDict slot and node
+_COST_ENTRY_BYTES: Final = 512  # tuples, int key and value, OrderedDict slot and node
 
-CostKey = tuple[object, ...]
-PASSAGE_COSTS: Final[SizedCache[CostKey, tuple[int, int]]] = SizedCache(
+CostKey = tuple[str, int, str, str | None]
+Fields = tuple[object, ...]
+PASSAGE_COSTS: Final[SizedCache[CostKey, tuple[int, int, Fields]]] = SizedCache(
     PASSAGE_COST_BYTES, operator.itemgetter(1)
 )
+# What `render.header` reads of a chunk, per style (the chunk_id for `chunk.document` too),
+# read from the model's `__dict__` in one C call: attribute access on a model costs twice as
+# much, and every chunk of an event is costed.
+_HEADER_FIELDS: Final[dict[HeaderStyle, Callable[[dict[str, Any]], Fields]]] = {
+    "full": operator.itemgetter(
+        "chunk_id", "doc_id", "title", "doc_type", "version", "effective_from",
+        "effective_to", "section",
+    ),
+    "source_section": operator.itemgetter("chunk_id", "doc_id", "source", "section"),
+    "inline_section": operator.itemgetter("chunk_id", "section"),
+    "id_score": lambda fields: (fields["chunk_id"], _score_shown(fields["score"])),
+}
 
 
-def _cost_key(counter: str, chunk: Chunk, key: int, label: str, style: HeaderStyle) -> CostKey:
-    """Everything `render.passage` reads (the text by its `text_key`): the score only where
-    the header shows it."""
-    score = chunk.score if style == "id_score" else None
-    return (
-        counter, key, label, style, chunk.chunk_id, chunk.title, chunk.doc_id,
-        chunk.doc_type, chunk.version, chunk.effective_from, chunk.effective_to,
-        chunk.section, chunk.source, score,
-    )
+def _score_shown(score: float | None) -> str | None:
+    """The score as the header prints it: -0.0 equals 0.0 but prints "-0.00"."""
+    return None if score is None else f"{score:.2f}"
 
 
-def _key_bytes(key: CostKey) -> int:
-    return _COST_ENTRY_BYTES + sum(sys.getsizeof(part) for part in key if isinstance(part, str))
+def _entry_bytes(key: CostKey, fields: Fields) -> int:
+    """An entry's charge: the fixed part, and the strings of its key and header fields."""
+    strings = [part for part in (*key, *fields) if isinstance(part, str)]
+    return _COST_ENTRY_BYTES + sys.getsizeof(fields) + sum(map(sys.getsizeof, strings))
 
 
 class _PassageCosts:
@@ -126,39 +137,43 @@ class _PassageCosts:
     ordering, so it is rendered with the widest label it may get."""
 
     def __init__(self, policy: RenderPolicy, counter: TokenCounter, *, passages: int) -> None:
-        self._policy = policy
         self.counter = counter
-        self._widest = render.label_for(policy.labels, max(1, passages), "")
+        self._style: HeaderStyle = policy.header
+        self._fields = _HEADER_FIELDS[policy.header]
+        # The label every passage is costed with, or None where each has its chunk_id.
+        self._shared_label = (
+            None if policy.labels == "chunk_id"
+            else render.label_for(policy.labels, max(1, passages), "")
+        )
         # By rank for the chunk's own text, by (rank, extract) for an extract.
         self._tokens: dict[int | tuple[int, str], int] = {}
-
-    def _label(self, chunk: Chunk) -> str:
-        return chunk.chunk_id if self._policy.labels == "chunk_id" else self._widest
 
     def rendered(self, candidate: Candidate, text: str) -> str:
         """`text` as the passage of `candidate`, header and (widest) label included."""
         chunk = candidate.chunk
-        return render.passage(chunk, text, self._label(chunk), self._policy.header)
+        return render.passage(chunk, text, self._shared_label or chunk.chunk_id, self._style)
 
     def tokens(self, candidate: Candidate, text: str) -> int:
-        """Packing may ask twice (density, the over-budget detail), and later requests ask
-        again for popular chunks: render and count once."""
-        whole = text is candidate.chunk.text
-        key = candidate.rank if whole else (candidate.rank, text)
-        tokens = self._tokens.get(key)
-        if tokens is None:
-            hashed = candidate.text_key if whole else text_key(text)
-            tokens = self._tokens[key] = self._shared_tokens(candidate.chunk, text, hashed)
-        return tokens
-
-    def _shared_tokens(self, chunk: Chunk, text: str, hashed: int) -> int:
-        style = self._policy.header
-        key = _cost_key(self.counter.name, chunk, hashed, self._label(chunk), style)
+        """Packing may ask twice (density), and later requests ask again for popular chunks:
+        render and count once. Every chunk of an event is costed, most only to be dropped,
+        so this is one call."""
+        chunk = candidate.chunk
+        whole = text is chunk.text
+        memo = candidate.rank if whole else (candidate.rank, text)
+        tokens = self._tokens.get(memo)
+        if tokens is not None:
+            return tokens
+        hashed = candidate.text_key if whole else text_key(text)
+        key = (self.counter.name, hashed, self._style, self._shared_label)
+        fields = self._fields(chunk.__dict__)
         found = PASSAGE_COSTS.get(key)
-        if found is not None:
-            return found[0]
-        tokens = self.counter.count(render.passage(chunk, text, self._label(chunk), style))
-        PASSAGE_COSTS.put(key, (tokens, _key_bytes(key)))
+        if found is not None and found[2] == fields:
+            tokens = found[0]
+        else:
+            label = self._shared_label or chunk.chunk_id
+            tokens = self.counter.count(render.passage(chunk, text, label, self._style))
+            PASSAGE_COSTS.put(key, (tokens, _entry_bytes(key, fields), fields))
+        self._tokens[memo] = tokens
         return tokens
 
 

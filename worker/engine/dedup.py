@@ -153,7 +153,11 @@ class CopyDetector:
         for kept in same_text.values() if same_text is not None else ():
             if kept.chunk.text == candidate.chunk.text and self._may_merge(kept, candidate):
                 return Twin(kept, DropReason.DUPLICATE, 1.0, "identical text")
-        best = self._near_twin(candidate) if self._kept else None  # empty unless near
+        best = None  # `_kept` is empty unless near-duplicates are looked for
+        if len(self._kept) > SCAN_LIMIT:
+            best = self._indexed_twin(candidate)
+        elif self._kept:
+            best = self._scanned_twin(candidate)
         if best is None and self._kept_vectors:
             best = self._cosine_twin(candidate)
         return best
@@ -170,9 +174,8 @@ class CopyDetector:
             for entry in self._kept_by_prefix_word.get(word, ())
         }.values()
 
-    def _near_twin(self, candidate: Candidate) -> Twin | None:
-        if len(self._kept) <= SCAN_LIMIT:
-            return self._scanned_twin(candidate)
+    def _indexed_twin(self, candidate: Candidate) -> Twin | None:
+        """The best-ranked near twin among more than SCAN_LIMIT kept chunks."""
         for kept in self._kept[len(self._kept_words) :]:  # the prefix index needs full sets
             self._kept_words.append((kept, self._words(kept)))
         found = self._words(candidate)
@@ -199,16 +202,15 @@ class CopyDetector:
         return best
 
     def _scanned_twin(self, candidate: Candidate) -> Twin | None:
-        """`_near_twin` against a few kept chunks: each in turn, the sketches first, the word
-        sets only for a pair the sketches cannot rule out (rarely but for a true copy). The
-        tests are those of `_near_twin`, cheapest first, signatures among them."""
+        """`_indexed_twin` against a few kept chunks: each in turn, the sketches first, the
+        word sets only for a pair the sketches cannot rule out (rarely but for a true copy).
+        The tests are those of `_indexed_twin`, cheapest first, signatures among them; every
+        chunk of an event comes here, most to be ruled out by signatures alone."""
         sketch = self._sketch(candidate)
         size, signature = sketch.size, sketch.signature
         if size == 0:
             return None
         threshold, least, slack = self._policy.near_threshold, self._least, self._slack
-        numbers = sketch.numbers if self._policy.numbers_must_match else None
-        document = self._apart(candidate)
         best: Twin | None = None
         for kept, kept_sketch, kept_document in self._kept_sketches:
             other = kept_sketch.size
@@ -218,9 +220,9 @@ class CopyDetector:
                 continue
             if min(size, other) < threshold * max(size, other) - _EPSILON:
                 continue  # sizes alone rule it out
-            if kept_document is not None and kept_document == document:
+            if kept_document is not None and kept_document == self._apart(candidate):
                 continue  # of one document, and the policy keeps those apart
-            if numbers is not None and numbers != kept_sketch.numbers:
+            if self._policy.numbers_must_match and sketch.numbers != kept_sketch.numbers:
                 continue  # a number only one of them holds may be the answer
             # A pair left here is near: counting the shared words in C beats stopping early.
             similarity = jaccard(self._words(candidate).all, self._words(kept).all)

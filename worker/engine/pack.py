@@ -53,6 +53,10 @@ def normalised(values: dict[int, float]) -> dict[int, float]:
 
 
 class _Packer:
+    """The passages kept so far and what is left of the budget. Every chunk of an event
+    passes through `walk` (most of a large one only to be dropped), so what it reads per
+    chunk is kept in plain attributes."""
+
     def __init__(
         self,
         budget: int,
@@ -65,37 +69,38 @@ class _Packer:
     ) -> None:
         self.budget = budget
         self.separator_tokens = separator_tokens
-        self.policy = policy
-        self.compress = compress
+        self.max_chunks = policy.max_chunks
+        self.compress = compress.mode
         self.detector = detector
         self.cost = cost
         self.shrink = shrink
         self.kept: list[Packed] = []
         self.used = 0
+        self.left = budget  # what the next passage may cost, its separator paid
+        self._left_detail = self._detail_of_left()  # most chunks of a large event need it
+        self.full = False  # max_chunks reached
         self.dropped: list[Drop] = []
 
-    @property
-    def full(self) -> bool:
-        return self.policy.max_chunks is not None and len(self.kept) >= self.policy.max_chunks
-
-    @property
-    def left(self) -> int:
-        """What the next passage may cost: each one after the first brings a separator."""
-        return self.budget - self.used - (self.separator_tokens if self.kept else 0)
-
-    def _fit(self, candidate: Candidate) -> Packed | None:
-        left = self.left
-        text = candidate.chunk.text
-        if self.compress.mode == "always":
-            text = self.shrink(candidate) or text
-        tokens = self.cost(candidate, text)
+    def _fit(self, candidate: Candidate) -> Packed | int:
+        """The passage as it fits what is left, or else what its whole text costs (the
+        drop's detail)."""
+        left, whole = self.left, candidate.chunk.text
+        if self.compress == "always" and (extract := self.shrink(candidate)):
+            tokens = self.cost(candidate, extract)
+            if tokens <= left:
+                return Packed(candidate, extract, tokens, extract != whole)
+            return self.cost(candidate, whole)
+        tokens = self.cost(candidate, whole)
         if tokens <= left:
-            return Packed(candidate, text, tokens, text != candidate.chunk.text)
-        if self.compress.mode == "overflow":
+            return Packed(candidate, whole, tokens, False)
+        if self.compress == "overflow":
             extract = self.shrink(candidate)
             if extract is not None and (extract_tokens := self.cost(candidate, extract)) <= left:
                 return Packed(candidate, extract, extract_tokens, True)
-        return None
+        return tokens
+
+    def _detail_of_left(self) -> str:
+        return f"{max(0, self.left)} of {self.budget} left"
 
     def drop_copy(self, candidate: Candidate) -> bool:
         twin = self.detector.find_twin(candidate)
@@ -105,35 +110,42 @@ class _Packer:
 
     def drop_max_chunks(self, candidate: Candidate) -> None:
         self.dropped.append(candidate.drop(
-            DropReason.MAX_CHUNKS, f"context already holds max_chunks={self.policy.max_chunks}"
+            DropReason.MAX_CHUNKS, f"context already holds max_chunks={self.max_chunks}"
         ))
 
-    def over_budget(self, candidate: Candidate, detail: str) -> None:
-        self.dropped.append(candidate.drop(DropReason.OVER_BUDGET, detail))
-
     def try_keep(self, candidate: Candidate) -> bool:
-        packed = self._fit(candidate)
-        if packed is None:
-            tokens = self.cost(candidate, candidate.chunk.text)
-            self.over_budget(
-                candidate,
-                f"needs {tokens} tokens, {max(0, self.left)} of {self.budget} left",
-            )
+        if self.compress == "off":  # the default, and one call less per chunk
+            whole = candidate.chunk.text
+            tokens = self.cost(candidate, whole)
+            packed = Packed(candidate, whole, tokens, False) if tokens <= self.left else tokens
+        else:
+            packed = self._fit(candidate)
+        if isinstance(packed, int):
+            self.dropped.append(candidate.drop(
+                DropReason.OVER_BUDGET,
+                f"needs {packed} tokens, {self._left_detail}",
+            ))
             return False
         self.used += packed.tokens + (self.separator_tokens if self.kept else 0)
+        self.left = self.budget - self.used - self.separator_tokens
+        self._left_detail = self._detail_of_left()
         self.kept.append(packed)
+        self.full = self.max_chunks is not None and len(self.kept) >= self.max_chunks
         self.detector.add_kept(candidate)
         return True
 
     def walk(self, order: list[Candidate], *, stop_at_first_misfit: bool) -> None:
         stopped: Candidate | None = None
+        find_twin = self.detector.find_twin
         for candidate in order:
-            if self.drop_copy(candidate):
+            if (twin := find_twin(candidate)) is not None:
+                self.dropped.append(twin.drop(candidate))
                 continue
             if stopped is not None:
-                self.over_budget(
-                    candidate, f"packing stopped at rank {stopped.rank}, which did not fit"
-                )
+                self.dropped.append(candidate.drop(
+                    DropReason.OVER_BUDGET,
+                    f"packing stopped at rank {stopped.rank}, which did not fit",
+                ))
             elif self.full:
                 self.drop_max_chunks(candidate)
             elif not self.try_keep(candidate) and stop_at_first_misfit:

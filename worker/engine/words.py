@@ -43,8 +43,8 @@ _BLANK_NON_WORD = str.maketrans(
 )
 
 
-# A sketch's own cost besides its numbers' strings: the key tuple and its 128-bit int, the
-# Sketch tuple, its ints (the signature is 60 B), the OrderedDict slot and node.
+# A sketch's own cost besides its numbers' strings: its 128-bit int key, the Sketch tuple,
+# its ints (the signature is 60 B), the OrderedDict slot and node (rounded up).
 _SKETCH_ENTRY_BYTES: Final = 448
 SIGNATURE_BITS: Final = 256
 _BIT: Final = tuple(1 << bit for bit in range(SIGNATURE_BITS))
@@ -67,6 +67,7 @@ class Sketch(NamedTuple):
     numbers: frozenset[str]
     signature: int
     nbytes: int
+    title: str | None  # the title whose line it may leave out (None: no line left out)
 
 
 def signature(found: frozenset[str]) -> int:
@@ -131,7 +132,11 @@ def _entry_bytes(entry: Words | Sketch) -> int:
 CACHE: Final[SizedCache[tuple[str, str | None], Words]] = SizedCache(
     WORD_CACHE_BYTES, _entry_bytes
 )
-SKETCHES: Final[SizedCache[tuple[int, str | None], Sketch]] = SizedCache(
+# By the text's 128-bit key alone: a sketch holds the title it was made with (None where no
+# line is left out), compared on a hit instead of hashed: each request's strings are new
+# objects, and hashing them cost more than the rest of the look-up. A text seen last under
+# another title is sketched again (from the word-set cache, as a rule).
+SKETCHES: Final[SizedCache[int, Sketch]] = SizedCache(
     SKETCH_CACHE_BYTES, _entry_bytes
 )
 
@@ -142,7 +147,7 @@ def _sketch_of(found: Words, title: str | None) -> Sketch:
         _SKETCH_ENTRY_BYTES + (sys.getsizeof(title) if title is not None else 0)
         + sys.getsizeof(found.numbers) + strings
     )
-    return Sketch(len(found.all), found.numbers, found.signature, nbytes)
+    return Sketch(len(found.all), found.numbers, found.signature, nbytes, title)
 
 
 def chunk_sketch(chunk: Chunk, *, drop_title_line: bool, key: int | None = None) -> Sketch:
@@ -152,9 +157,9 @@ def chunk_sketch(chunk: Chunk, *, drop_title_line: bool, key: int | None = None)
     title = chunk.title if drop_title_line else None
     if len(text) + (len(title) if title is not None else 0) > WORD_CACHE_MAX_CHARS:
         return _sketch_of(_words_of(text, title), title)
-    cache_key = (text_key(text) if key is None else key, title)
+    cache_key = text_key(text) if key is None else key
     found = SKETCHES.get(cache_key)
-    if found is None:
+    if found is None or found.title != title:
         found = _sketch_of(chunk_words(chunk, drop_title_line=drop_title_line), title)
         SKETCHES.put(cache_key, found)
     return found

@@ -186,18 +186,15 @@ def _repeated_key(text: str) -> tuple[str, str] | None:
 
 
 def _parse(raw: bytes) -> Any:
-    """orjson's parse of `raw`, after checking what orjson would let through or blur."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RejectedInput(
-            RejectReason.JSON, f"not valid UTF-8 at byte {error.start}"
-        ) from None
+    """orjson's parse of `raw`, after checking what orjson would let through or blur.
+
+    orjson refuses invalid UTF-8 too, so `raw` is decoded to text only to explain a refusal
+    or find a repeated key (decoding a 2.6 MB event first took 0.2 ms)."""
     try:
         obj: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
-        raise RejectedInput(RejectReason.JSON, _json_problem(text, error)) from None
-    if _may_repeat_keys(raw, obj) and (repeated := _repeated_key(text)):
+        raise RejectedInput(RejectReason.JSON, _json_problem(_text(raw), error)) from None
+    if _may_repeat_keys(raw, obj) and (repeated := _repeated_key(_text(raw))):
         key, path = repeated
         # Of two request_ids, neither is the event's.
         request_id = None if (key, path) == ("request_id", "") else _request_id(obj)
@@ -205,6 +202,15 @@ def _parse(raw: bytes) -> Any:
             RejectReason.JSON, f"duplicate key {key!r} in {path or 'the event'}", request_id
         )
     return obj
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RejectedInput(
+            RejectReason.JSON, f"not valid UTF-8 at byte {error.start}"
+        ) from None
 
 
 def _over_limit(length: int, limits: Limits) -> RejectedInput:
