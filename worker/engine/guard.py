@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from schemas.models import DropReason
 from worker.engine.candidate import Candidate, Drop
 from worker.engine.policy import GuardPolicy
-from worker.engine.words import WORD, has_words
+from worker.engine.words import has_words
 
 if TYPE_CHECKING:
     import regex
@@ -65,8 +65,7 @@ def guard(
             dropped.append(candidate.drop(
                 DropReason.NOT_IN_FORCE, f"in force until {chunk.effective_to}, asked as of {as_of}"
             ))
-        # A word near the start, as nearly every text has, settles it in one C call.
-        elif not (WORD.search(chunk.text, 0, 64) or has_content(chunk.text)):
+        elif not has_content(chunk.text):
             dropped.append(candidate.drop(DropReason.EMPTY, "text has no words or symbols"))
         else:
             passed.append(candidate)

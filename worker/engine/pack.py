@@ -114,12 +114,7 @@ class _Packer:
         ))
 
     def try_keep(self, candidate: Candidate) -> bool:
-        if self.compress == "off":  # the default, and one call less per chunk
-            whole = candidate.chunk.text
-            tokens = self.cost(candidate, whole)
-            packed = Packed(candidate, whole, tokens, False) if tokens <= self.left else tokens
-        else:
-            packed = self._fit(candidate)
+        packed = self._fit(candidate)
         if isinstance(packed, int):
             self.dropped.append(candidate.drop(
                 DropReason.OVER_BUDGET,
@@ -136,10 +131,8 @@ class _Packer:
 
     def walk(self, order: list[Candidate], *, stop_at_first_misfit: bool) -> None:
         stopped: Candidate | None = None
-        find_twin = self.detector.find_twin
         for candidate in order:
-            if (twin := find_twin(candidate)) is not None:
-                self.dropped.append(twin.drop(candidate))
+            if self.drop_copy(candidate):
                 continue
             if stopped is not None:
                 self.dropped.append(candidate.drop(
