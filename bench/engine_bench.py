@@ -54,8 +54,7 @@ import tiktoken
 
 from bench.corpus import COPY_SHARE, Corpus
 from schemas.models import Chunk, DropReason, RetrievalResult
-from worker.engine import Assembly, Policy, assemble, words
-from worker.engine.assemble import PASSAGE_COSTS
+from worker.engine import Assembly, Policy, assemble, facts, words
 from worker.engine.tokens import HuggingFaceCounter, TiktokenCounter, get_counter
 from worker.engine.vocabulary import load_encoding
 from worker.intake.codec import Limits, encode
@@ -204,8 +203,7 @@ def tiktoken_alone(encoding: tiktoken.Encoding, rendered: Sequence[str]) -> int:
 def clear_engine_caches(counter: TiktokenCounter) -> None:
     counter.cache.clear()
     words.CACHE.clear()
-    words.SKETCHES.clear()
-    PASSAGE_COSTS.clear()
+    facts.FACTS.clear()
 
 
 def naive_file(source: Path, out: Path) -> None:

@@ -104,7 +104,7 @@ def event_bytes(texts: Texts, number: int, chunks: int, chars: int) -> bytes:
 
 def child(events: int, small_events: int) -> None:
     """Runs the stream in this process, one JSON sample per line on stdout."""
-    from worker.engine import Policy, assemble, words
+    from worker.engine import Policy, assemble, facts, words
     from worker.engine.tokens import get_counter
     from worker.intake.codec import Limits, decode_event, encode
 
@@ -120,7 +120,7 @@ def child(events: int, small_events: int) -> None:
         del result, outputs
         sample = Sample(
             number, kind, len(raw), round(rss_mb(), 1), round(peak_mb(), 1),
-            round((words.CACHE.nbytes + words.SKETCHES.nbytes) / 1e6, 1),
+            round((words.CACHE.nbytes + facts.FACTS.nbytes) / 1e6, 1),
             round(counter.cache.nbytes / 1e6, 1),  # type: ignore[attr-defined]
         )
         print(json.dumps(asdict(sample)), flush=True)

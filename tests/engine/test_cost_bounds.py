@@ -12,7 +12,6 @@ cache helps), never with a clock budget.
 from __future__ import annotations
 
 import gc
-import importlib
 import random
 import sys
 import threading
@@ -24,14 +23,12 @@ import pytest
 
 from schemas.models import RetrievalResult
 from tests.factories import chunk
-from worker.engine import assemble, words
-from worker.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache
+from worker.engine import assemble, facts, words
+from worker.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache, text_key
 from worker.engine.policy import Policy, policy_from_mapping
 from worker.engine.tokens import get_counter
 from worker.intake.policies import load_preset
 
-# The module, not the function of the same name that worker.engine exports.
-assemble_module = importlib.import_module("worker.engine.assemble")
 MAX_RATIO = 20.0  # hostile text may cost this many times benign text of the same size
 RUNS = 3
 
@@ -219,8 +216,8 @@ def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest
     """
     word_cache: SizedCache[tuple[str, str | None], words.Words] = SizedCache(256 * 1024, words._entry_bytes)
     monkeypatch.setattr(words, "CACHE", word_cache)
-    sketch_cache: SizedCache[tuple[int, str | None], words.Sketch] = SizedCache(64 * 1024, words._entry_bytes)
-    monkeypatch.setattr(words, "SKETCHES", sketch_cache)
+    facts_cache: SizedCache[int, facts.TextFacts] = SizedCache(64 * 1024, facts._entry_bytes)
+    monkeypatch.setattr(facts, "FACTS", facts_cache)
     counter = get_counter("cl100k_base")
     count_cache: BoundedCache[int] = BoundedCache(300)
     monkeypatch.setattr(counter, "cache", count_cache)
@@ -228,14 +225,15 @@ def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest
     for _ in range(3):  # long chunks: none may be cached
         long = [chunk(f"c{i}", prose(rng, 20_000), doc_id=f"d{i}") for i in range(4)]
         assemble(RetrievalResult(request_id="r", question="pump?", chunks=long), Policy())
-    assert len(word_cache) == len(sketch_cache) == 0
+    assert len(word_cache) == 0
+    assert not any(entry.sketches for entry in facts_cache._entries.values())
     for _ in range(3):  # then many short chunks, each cached, more than the caps hold
         short = [chunk(f"c{i}", prose(rng, 1_000), doc_id=f"d{i}") for i in range(200)]
         assemble(RetrievalResult(request_id="r", question="pump?", chunks=short), Policy())
-    for sized in (word_cache, sketch_cache):
+    for sized in (word_cache, facts_cache):
         assert sized.nbytes == sum(e.nbytes for e in sized._entries.values()) <= sized.max_bytes
     assert count_cache.nbytes == len(count_cache) * COUNT_ENTRY_BYTES <= count_cache.max_bytes
-    for cache in (word_cache, sketch_cache, count_cache):  # full, and evicting: the cap binds
+    for cache in (word_cache, facts_cache, count_cache):  # full, and evicting: the cap binds
         assert cache.nbytes > cache.max_bytes * 0.9
     assert all(len(text) <= words.WORD_CACHE_MAX_CHARS for text, _ in word_cache._entries)
 
@@ -243,8 +241,8 @@ def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest
 def test_passage_costs_are_charged_for_their_header_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     """Passage costs are kept across requests, keyed by header fields the producer chose:
     long titles must cost their bytes, and the cap must bind."""
-    costs: SizedCache[tuple[object, ...], tuple[int, int]] = SizedCache(64 * 1024, lambda v: v[1])
-    monkeypatch.setattr(assemble_module, "PASSAGE_COSTS", costs)
+    costs: SizedCache[int, facts.TextFacts] = SizedCache(64 * 1024, facts._entry_bytes)
+    monkeypatch.setattr(facts, "FACTS", costs)
     rng = random.Random(6)
     for n in range(3):
         chunks = [
@@ -252,9 +250,53 @@ def test_passage_costs_are_charged_for_their_header_fields(monkeypatch: pytest.M
             for i in range(20)
         ]
         assemble(RetrievalResult(request_id="r", question="pump?", chunks=chunks), Policy())
-    assert costs.nbytes == sum(v[1] for v in costs._entries.values()) <= costs.max_bytes
-    assert all(v[1] > 8_000 for v in costs._entries.values())
+    assert costs.nbytes == sum(v.nbytes for v in costs._entries.values()) <= costs.max_bytes
+    assert all(v.costs and v.nbytes > 8_000 for v in costs._entries.values())
     assert costs.nbytes > costs.max_bytes * 0.8  # full, and evicting
+
+
+def test_one_text_keeps_a_bounded_number_of_answers_each_charged() -> None:
+    """One text under ever new header fields (hostile, or one paragraph in many documents)
+    keeps its newest MAX_VARIANTS costs, and its entry is charged for what it holds."""
+    body = prose(random.Random(9), 300)
+    for i in range(3 * facts.MAX_VARIANTS):
+        event = RetrievalResult(
+            request_id="r", question="pump?",
+            chunks=[chunk(f"c{i}", body, doc_id=f"d{i}", title=f"Guide {i}" + "x" * 500)],
+        )
+        assemble(event, Policy())
+    entry = facts.known(text_key(body))
+    assert len(entry.costs) == len(entry.sketches) == facts.MAX_VARIANTS
+    newest = 3 * facts.MAX_VARIANTS - 1
+    assert entry.costs[0].fields[0] == f"c{newest}"
+    assert entry.sketches[0].title == f"Guide {newest}" + "x" * 500
+    assert entry.nbytes == facts._ENTRY_BYTES + sum(
+        part.nbytes for part in (*entry.costs, *entry.sketches)
+    )
+    assert all(cost.nbytes > 500 for cost in entry.costs)  # the long title is charged
+
+
+def test_copies_of_one_text_in_two_documents_are_costed_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same paragraph under two documents' headers: each rendering is counted once, not
+    again request after request as the two copies take turns in the cache."""
+    body = prose(random.Random(10), 1_500)
+    chunks = [chunk("a", body, doc_id="d1", title="One"), chunk("b", body, doc_id="d2", title="Two")]
+    policy = policy_from_mapping({"budget": {"context_tokens": 40}})  # neither fits: both costed
+    event = RetrievalResult(request_id="r", question="pump?", chunks=chunks)
+    first = assemble(event, policy)
+    counted: list[object] = []
+    remember_cost = facts.remember_cost
+
+    def spy(key: int, rendering: facts.Rendering, fields: facts.Fields, tokens: int) -> facts.TextFacts:
+        counted.append(fields)
+        return remember_cost(key, rendering, fields, tokens)
+
+    monkeypatch.setattr(facts, "remember_cost", spy)
+    assert assemble(event, policy) == first
+    assert counted == []
+    assert len(facts.known(text_key(body)).costs) == 2
 
 
 def test_a_cached_passage_cost_is_the_cost_of_its_rendering() -> None:
@@ -267,7 +309,7 @@ def test_a_cached_passage_cost_is_the_cost_of_its_rendering() -> None:
         policy = load_preset(preset)
         assemble(first, policy)
         warm = assemble(again, policy)
-        assemble_module.PASSAGE_COSTS.clear()
+        facts.FACTS.clear()
         assert assemble(again, policy) == warm, preset
 
 
@@ -290,16 +332,14 @@ def test_a_text_seen_under_other_header_fields_or_titles_is_costed_and_compared_
     ]
     fresh = []
     for event, policy in cases:
-        assemble_module.PASSAGE_COSTS.clear()
-        words.SKETCHES.clear()
+        facts.FACTS.clear()
         fresh.append(assemble(event, policy))
     reasons = [[(d.chunk_id, d.reason, d.detail) for d in f.audit.dropped] for f in fresh]
     # The copy's body is c1's without the title line: a copy unless "Other" keeps the line.
     assert [[d[1] for d in r] for r in reasons[:3]] == [["near_duplicate"]] * 2 + [[]]
     assert len({r[0][2] for r in reasons[3:]}) == 3  # each header costs its own tokens
     runs = list(zip(cases, fresh, strict=True))
-    assemble_module.PASSAGE_COSTS.clear()
-    words.SKETCHES.clear()
+    facts.FACTS.clear()
     for (event, policy), expected in runs[::-1] + runs + runs[::-1]:  # each after the others
         assert assemble(event, policy) == expected
 

@@ -10,7 +10,6 @@ give the same bytes.
 from __future__ import annotations
 
 import operator
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -28,8 +27,8 @@ from schemas.models import (
     TokenUsage,
 )
 from worker.engine import budget as budgets
-from worker.engine import render
-from worker.engine.cache import SizedCache, text_key
+from worker.engine import facts, render
+from worker.engine.cache import text_key
 from worker.engine.candidate import Candidate, Drop
 from worker.engine.compress import extract_relevant
 from worker.engine.dedup import CopyDetector, drop_repeated_ids
@@ -92,25 +91,10 @@ def _plan_budget(
     )
 
 
-# A passage's cost, across requests: a popular chunk is rendered and counted once per
-# (tokenizer, text, label, header fields), not once per request. Keys hold the tokenizer, the
-# text's 128-bit hash, the header style and the label all passages share (None where each is
-# labelled by its chunk_id); an entry holds the header fields it was counted with, compared
-# on a hit instead of hashed: each request's strings are new objects, and hashing them cost
-# more than the rest of the look-up. A text seen under other fields is counted again. Each
-# entry is charged its fields' sizes, so hostile metadata cannot grow the cache past its bytes.
-PASSAGE_COST_BYTES: Final = 16 * 2**20
-_COST_ENTRY_BYTES: Final = 512  # tuples, int key and value, OrderedDict slot and node
-
-CostKey = tuple[str, int, str, str | None]
-Fields = tuple[object, ...]
-PASSAGE_COSTS: Final[SizedCache[CostKey, tuple[int, int, Fields]]] = SizedCache(
-    PASSAGE_COST_BYTES, operator.itemgetter(1)
-)
 # What `render.header` reads of a chunk, per style (the chunk_id for `chunk.document` too),
 # read from the model's `__dict__` in one C call: attribute access on a model costs twice as
 # much, and every chunk of an event is costed.
-_HEADER_FIELDS: Final[dict[HeaderStyle, Callable[[dict[str, Any]], Fields]]] = {
+_HEADER_FIELDS: Final[dict[HeaderStyle, Callable[[dict[str, Any]], facts.Fields]]] = {
     "full": operator.itemgetter(
         "chunk_id", "doc_id", "title", "doc_type", "version", "effective_from",
         "effective_to", "section",
@@ -126,15 +110,10 @@ def _score_shown(score: float | None) -> str | None:
     return None if score is None else f"{score:.2f}"
 
 
-def _entry_bytes(key: CostKey, fields: Fields) -> int:
-    """An entry's charge: the fixed part, and the strings of its key and header fields."""
-    strings = [part for part in (*key, *fields) if isinstance(part, str)]
-    return _COST_ENTRY_BYTES + sys.getsizeof(fields) + sum(map(sys.getsizeof, strings))
-
-
 class _PassageCosts:
     """A passage costs the tokens of its rendered form; numbered labels are issued only after
-    ordering, so it is rendered with the widest label it may get."""
+    ordering, so it is rendered with the widest label it may get. A popular chunk is rendered
+    and counted once per (tokenizer, label, header fields) across requests (`facts`)."""
 
     def __init__(self, policy: RenderPolicy, counter: TokenCounter, *, passages: int) -> None:
         self.counter = counter
@@ -145,35 +124,37 @@ class _PassageCosts:
             None if policy.labels == "chunk_id"
             else render.label_for(policy.labels, max(1, passages), "")
         )
-        # By rank for the chunk's own text, by (rank, extract) for an extract.
-        self._tokens: dict[int | tuple[int, str], int] = {}
+        self._rendering: facts.Rendering = (counter.name, policy.header, self._shared_label)
+        # By (rank, extract): an extract is a text of its own, hashed once per request.
+        self._extracts: dict[tuple[int, str], int] = {}
 
     def rendered(self, candidate: Candidate, text: str) -> str:
         """`text` as the passage of `candidate`, header and (widest) label included."""
-        chunk = candidate.chunk
-        return render.passage(chunk, text, self._shared_label or chunk.chunk_id, self._style)
+        return render.passage(
+            candidate.chunk, text, self._shared_label or candidate.chunk_id, self._style
+        )
 
     def tokens(self, candidate: Candidate, text: str) -> int:
-        """Packing may ask twice (density), and later requests ask again for popular chunks:
-        render and count once. Every chunk of an event is costed, most only to be dropped,
-        so this is one call."""
-        chunk = candidate.chunk
-        whole = text is chunk.text
-        memo = candidate.rank if whole else (candidate.rank, text)
-        tokens = self._tokens.get(memo)
-        if tokens is not None:
+        """What `text` costs as the passage of `candidate`. Every chunk of an event is
+        costed, most only to be dropped, so this is one call; packing may ask twice."""
+        fields = self._fields(candidate.chunk.__dict__)
+        if text is candidate.text:
+            tokens = facts.passage_cost(candidate.facts, self._rendering, fields)
+            if tokens is None:
+                tokens = self.counter.count(self.rendered(candidate, text))
+                candidate.facts = facts.remember_cost(
+                    candidate.text_key, self._rendering, fields, tokens
+                )
             return tokens
-        hashed = candidate.text_key if whole else text_key(text)
-        key = (self.counter.name, hashed, self._style, self._shared_label)
-        fields = self._fields(chunk.__dict__)
-        found = PASSAGE_COSTS.get(key)
-        if found is not None and found[2] == fields:
-            tokens = found[0]
-        else:
-            label = self._shared_label or chunk.chunk_id
-            tokens = self.counter.count(render.passage(chunk, text, label, self._style))
-            PASSAGE_COSTS.put(key, (tokens, _entry_bytes(key, fields), fields))
-        self._tokens[memo] = tokens
+        memo = (candidate.rank, text)
+        tokens = self._extracts.get(memo)
+        if tokens is None:
+            key = text_key(text)
+            tokens = facts.passage_cost(facts.known(key), self._rendering, fields)
+            if tokens is None:
+                tokens = self.counter.count(self.rendered(candidate, text))
+                facts.remember_cost(key, self._rendering, fields, tokens)
+            self._extracts[memo] = tokens
         return tokens
 
 
@@ -190,7 +171,7 @@ def _pack(
 
     def shrink(candidate: Candidate) -> str | None:
         return extract_relevant(
-            candidate.chunk.text, event.question, policy.compress.max_sentences
+            candidate.text, event.question, policy.compress.max_sentences
         )
 
     return pack(
@@ -268,7 +249,7 @@ def _render(event: RetrievalResult, policy: Policy, kept: list[Packed]) -> _Rend
     no numbered label points at a gap."""
     ordered = arrange(sorted(kept, key=lambda p: p.candidate.rank), policy.order.mode, _source)
     labels = [
-        render.label_for(policy.render.labels, n, item.candidate.chunk.chunk_id)
+        render.label_for(policy.render.labels, n, item.candidate.chunk_id)
         for n, item in enumerate(ordered, start=1)
     ]
     passages = [

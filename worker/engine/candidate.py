@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from schemas.models import Chunk, DropReason
 from worker.engine.cache import text_key
+from worker.engine.facts import TextFacts, known
 
 
 class Drop(NamedTuple):
@@ -26,20 +27,32 @@ class Candidate:
     """A chunk and its 1-based position in the request's chunk list: the reranker's verdict.
 
     Every chunk of an event becomes one, so it is a plain slotted class (a frozen dataclass
-    costs twice as much to make); nothing changes one once made.
+    costs twice as much to make); nothing changes one once made but its `facts`. The chunk
+    fields every stage reads are read here once: each attribute of a pydantic model passes
+    through its `__getattr__` hook, several times the cost of a slot, and a large event's
+    chunks are read a dozen times each on their way to being dropped.
     """
 
-    __slots__ = ("chunk", "rank", "text_key")
+    __slots__ = (
+        "chunk", "chunk_id", "document", "facts", "rank", "score", "text", "text_key", "title"
+    )
 
     def __init__(self, rank: int, chunk: Chunk) -> None:
         self.rank = rank
         self.chunk = chunk
-        # 128 bits of the text: the key of its cached costs and word sketch, hashed once
-        # instead of once per look-up (a 2 KB text costs more to hash than to look up).
-        self.text_key = text_key(chunk.text)
+        fields = chunk.__dict__
+        self.text: str = fields["text"]
+        self.chunk_id: str = fields["chunk_id"]
+        self.document: str = fields["doc_id"] or self.chunk_id  # as `Chunk.document`
+        self.title: str | None = fields["title"]
+        self.score: float | None = fields["score"]
+        # 128 bits of the text, hashed once (a 2 KB text costs more to hash than to look
+        # up), and what earlier requests learned of it: its costs and word sketch.
+        self.text_key = text_key(self.text)
+        self.facts: TextFacts = known(self.text_key)
 
     def __repr__(self) -> str:
-        return f"Candidate(rank={self.rank}, chunk_id={self.chunk.chunk_id!r})"
+        return f"Candidate(rank={self.rank}, chunk_id={self.chunk_id!r})"
 
     def drop(
         self,
@@ -49,12 +62,13 @@ class Candidate:
         duplicate_of: str | None = None,
         similarity: float | None = None,
     ) -> Drop:
-        return Drop(
-            self.chunk.chunk_id,
-            self.chunk.document,
+        # tuple.__new__ builds in C what Drop's own __new__, a Python function, would.
+        return tuple.__new__(Drop, (
+            self.chunk_id,
+            self.document,
             self.rank,
             reason,
             detail,
             duplicate_of,
             None if similarity is None else round(similarity, 4),
-        )
+        ))

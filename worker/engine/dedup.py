@@ -19,9 +19,9 @@ Near-duplicates: while few chunks are kept, a candidate is compared with each of
 many, an exact prefix filter (Bayardo et al., "Scaling up all pairs similarity search")
 narrows them down: two word sets with Jaccard >= t must share a word among the first
 |x| - ceil(t*|x|) + 1 words of each in any fixed order (here: sorted). Against few, each
-pair is first put to the two chunks' cached sketches (`words.Sketch`: sizes, numbers and
-signatures rule out nearly every pair, exactly), so the word sets, which a cache holds only
-a few thousand of, are looked at only for a pair that may be a copy.
+pair is first put to the two chunks' sketches (`words.Sketch`, kept by `facts`: sizes,
+numbers and signatures rule out nearly every pair, exactly), so the word sets, which a
+cache holds only a few thousand of, are looked at only for a pair that may be a copy.
 
 Cost, for hostile events too: a candidate's w words are split once and, against more than
 SCAN_LIMIT kept chunks, sorted (w log w); it is then compared at most once with each kept
@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from schemas.models import DropReason
+from worker.engine import facts
 from worker.engine.candidate import Candidate, Drop
 from worker.engine.policy import DedupPolicy
 from worker.engine.words import (
     Sketch,
     Words,
-    chunk_sketch,
     chunk_words,
     jaccard,
     jaccard_at_least,
@@ -73,14 +73,14 @@ class Twin:
 
     def drop(self, candidate: Candidate) -> Drop:
         if self.reason is DropReason.DUPLICATE:
-            detail = f"identical text to {self.kept.chunk.chunk_id} (rank {self.kept.rank})"
+            detail = f"identical text to {self.kept.chunk_id} (rank {self.kept.rank})"
         else:
             detail = (
-                f"near-duplicate of {self.kept.chunk.chunk_id} (rank {self.kept.rank}), "
+                f"near-duplicate of {self.kept.chunk_id} (rank {self.kept.rank}), "
                 f"{self.measure} {self.similarity:.3f}"
             )
         return candidate.drop(
-            self.reason, detail, duplicate_of=self.kept.chunk.chunk_id, similarity=self.similarity
+            self.reason, detail, duplicate_of=self.kept.chunk_id, similarity=self.similarity
         )
 
 
@@ -90,15 +90,15 @@ def drop_repeated_ids(candidates: list[Candidate]) -> tuple[list[Candidate], lis
     unique: list[Candidate] = []
     dropped: list[Drop] = []
     for candidate in candidates:
-        seen = first.get(candidate.chunk.chunk_id)
+        seen = first.get(candidate.chunk_id)
         if seen is None:
-            first[candidate.chunk.chunk_id] = candidate
+            first[candidate.chunk_id] = candidate
             unique.append(candidate)
         else:
             dropped.append(candidate.drop(
                 DropReason.DUPLICATE,
                 f"same chunk_id as rank {seen.rank}",
-                duplicate_of=candidate.chunk.chunk_id,
+                duplicate_of=candidate.chunk_id,
                 similarity=1.0,
             ))
     return unique, dropped
@@ -130,20 +130,18 @@ class CopyDetector:
         self._slack = signature_slack(self._least)
 
     def _may_merge(self, a: Candidate, b: Candidate) -> bool:
-        return self._merge_within_documents or a.chunk.document != b.chunk.document
+        return self._merge_within_documents or a.document != b.document
 
     def _apart(self, candidate: Candidate) -> str | None:
         """The document whose other chunks `_may_merge` keeps `candidate` apart from, or
         None where documents may merge: what a scanned comparison reads instead."""
-        return None if self._merge_within_documents else candidate.chunk.document
+        return None if self._merge_within_documents else candidate.document
 
     def _words(self, candidate: Candidate) -> Words:
         return chunk_words(candidate.chunk, drop_title_line=self._policy.drop_title_line)
 
     def _sketch(self, candidate: Candidate) -> Sketch:
-        return chunk_sketch(
-            candidate.chunk, drop_title_line=self._policy.drop_title_line, key=candidate.text_key
-        )
+        return facts.sketch(candidate, drop_title_line=self._policy.drop_title_line)
 
     def _prefix(self, words: frozenset[str]) -> list[str]:
         return sorted(words)[: prefix_length(len(words), self._policy.near_threshold)]
@@ -151,7 +149,7 @@ class CopyDetector:
     def find_twin(self, candidate: Candidate) -> Twin | None:
         same_text = self._kept_by_text.get(candidate.text_key)
         for kept in same_text.values() if same_text is not None else ():
-            if kept.chunk.text == candidate.chunk.text and self._may_merge(kept, candidate):
+            if kept.text == candidate.text and self._may_merge(kept, candidate):
                 return Twin(kept, DropReason.DUPLICATE, 1.0, "identical text")
         best = None  # `_kept` is empty unless near-duplicates are looked for
         if len(self._kept) > SCAN_LIMIT:
@@ -255,7 +253,7 @@ class CopyDetector:
 
     def add_kept(self, candidate: Candidate) -> None:
         self._kept_by_text.setdefault(candidate.text_key, {}).setdefault(
-            candidate.chunk.document, candidate
+            candidate.document, candidate
         )
         if self._policy.near:
             self._kept.append(candidate)

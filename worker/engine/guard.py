@@ -65,7 +65,7 @@ def guard(
             dropped.append(candidate.drop(
                 DropReason.NOT_IN_FORCE, f"in force until {chunk.effective_to}, asked as of {as_of}"
             ))
-        elif not has_content(chunk.text):
+        elif not has_content(candidate.text):
             dropped.append(candidate.drop(DropReason.EMPTY, "text has no words or symbols"))
         else:
             passed.append(candidate)

@@ -34,10 +34,10 @@ class Packed:
 
 
 def relevance(candidates: list[Candidate]) -> dict[int, float]:
-    scores = [c.chunk.score for c in candidates]
+    scores = [c.score for c in candidates]
     if any(score is None for score in scores):
         return {c.rank: 1.0 / c.rank for c in candidates}
-    return {c.rank: float(c.chunk.score or 0.0) for c in candidates}
+    return {c.rank: float(c.score or 0.0) for c in candidates}
 
 
 def normalised(values: dict[int, float]) -> dict[int, float]:
@@ -84,7 +84,7 @@ class _Packer:
     def _fit(self, candidate: Candidate) -> Packed | int:
         """The passage as it fits what is left, or else what its whole text costs (the
         drop's detail)."""
-        left, whole = self.left, candidate.chunk.text
+        left, whole = self.left, candidate.text
         if self.compress == "always" and (extract := self.shrink(candidate)):
             tokens = self.cost(candidate, extract)
             if tokens <= left:
@@ -195,7 +195,7 @@ def pack(
     packer = _Packer(budget, policy, compress, detector, cost, shrink, separator_tokens)
     eligible: list[Candidate] = []
     for candidate in candidates:
-        score = candidate.chunk.score
+        score = candidate.score
         if policy.min_score is not None and (score is None or score < policy.min_score):
             shown = "no score" if score is None else f"score {score:g}"
             packer.dropped.append(candidate.drop(
@@ -210,7 +210,7 @@ def pack(
         if gain and min(gain.values()) < 0:  # logits: per-token division needs gains >= 0
             gain = normalised(gain)
         # Density uses the uncompressed cost: compression is a fallback, not a ranking signal.
-        density = {c.rank: gain[c.rank] / max(1, cost(c, c.chunk.text)) for c in eligible}
+        density = {c.rank: gain[c.rank] / max(1, cost(c, c.text)) for c in eligible}
         order = sorted(eligible, key=lambda c: (-density[c.rank], c.rank))
         packer.walk(order, stop_at_first_misfit=False)
     else:

@@ -23,12 +23,11 @@ from itertools import filterfalse
 from typing import Final, NamedTuple
 
 from schemas.models import Chunk
-from worker.engine.cache import SizedCache, text_key
+from worker.engine.cache import SizedCache
 
 WORD = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
 WORD_CACHE_BYTES: Final = 56 * 2**20  # a 2 KB passage's entry is 20-30 KB: about 2,200 of them
-SKETCH_CACHE_BYTES: Final = 8 * 2**20  # about 11,000 sketches; with the word sets, 64 MiB
 WORD_CACHE_MAX_CHARS: Final = 4096  # longer texts are split again on every use
 # Besides the sets, strings and key text: the OrderedDict slot and node, the key tuple, the
 # Words tuple, its size int and its signature (about 310 B together).
@@ -43,9 +42,9 @@ _BLANK_NON_WORD = str.maketrans(
 )
 
 
-# A sketch's own cost besides its numbers' strings: its 128-bit int key, the Sketch tuple,
-# its ints (the signature is 60 B), the OrderedDict slot and node (rounded up).
-_SKETCH_ENTRY_BYTES: Final = 448
+# A sketch's own cost besides its numbers' strings: the Sketch tuple and its ints (the
+# signature is 60 B), rounded up; `facts` charges the cache entry that holds it.
+_SKETCH_ENTRY_BYTES: Final = 224
 SIGNATURE_BITS: Final = 256
 _BIT: Final = tuple(1 << bit for bit in range(SIGNATURE_BITS))
 
@@ -132,15 +131,6 @@ def _entry_bytes(entry: Words | Sketch) -> int:
 CACHE: Final[SizedCache[tuple[str, str | None], Words]] = SizedCache(
     WORD_CACHE_BYTES, _entry_bytes
 )
-# By the text's 128-bit key alone: a sketch holds the title it was made with (None where no
-# line is left out), compared on a hit instead of hashed: each request's strings are new
-# objects, and hashing them cost more than the rest of the look-up. A text seen last under
-# another title is sketched again (from the word-set cache, as a rule).
-SKETCHES: Final[SizedCache[int, Sketch]] = SizedCache(
-    SKETCH_CACHE_BYTES, _entry_bytes
-)
-
-
 def _sketch_of(found: Words, title: str | None) -> Sketch:
     strings = sum(map(sys.getsizeof, found.numbers))
     nbytes = (
@@ -150,19 +140,12 @@ def _sketch_of(found: Words, title: str | None) -> Sketch:
     return Sketch(len(found.all), found.numbers, found.signature, nbytes, title)
 
 
-def chunk_sketch(chunk: Chunk, *, drop_title_line: bool, key: int | None = None) -> Sketch:
-    """The sketch of `chunk_words`, cached as they are, keyed by a 128-bit hash of the text
-    (`key`, if the caller has it: `cache.text_key(chunk.text)`)."""
-    text = chunk.text
-    title = chunk.title if drop_title_line else None
-    if len(text) + (len(title) if title is not None else 0) > WORD_CACHE_MAX_CHARS:
-        return _sketch_of(_words_of(text, title), title)
-    cache_key = text_key(text) if key is None else key
-    found = SKETCHES.get(cache_key)
-    if found is None or found.title != title:
-        found = _sketch_of(chunk_words(chunk, drop_title_line=drop_title_line), title)
-        SKETCHES.put(cache_key, found)
-    return found
+def chunk_sketch(chunk: Chunk, *, drop_title_line: bool) -> Sketch:
+    """The sketch of `chunk_words` (`facts.sketch` keeps it with the text's other facts)."""
+    return _sketch_of(
+        chunk_words(chunk, drop_title_line=drop_title_line),
+        chunk.title if drop_title_line else None,
+    )
 
 
 def chunk_words(chunk: Chunk, *, drop_title_line: bool) -> Words:
