@@ -299,6 +299,22 @@ def test_copies_of_one_text_in_two_documents_are_costed_once(
     assert len(facts.known(text_key(body)).costs) == 2
 
 
+def test_copies_in_one_event_leave_one_answer_a_question() -> None:
+    """Two candidates of one text in one event each start from what was known before it:
+    the second to learn an answer replaces the first's, never holds it twice."""
+    facts.FACTS.clear()
+    body = prose(random.Random(11), 1_500)
+    same = {"doc_id": "d", "title": "Guide"}
+    event = RetrievalResult(request_id="r", question="pump?", chunks=[
+        chunk("a", body, **same), chunk("b", body, **same), chunk("c", body, **same),
+    ])
+    kept = assemble(event, Policy()).audit.kept  # one document: kept apart, all compared
+    entry = facts.known(text_key(body))
+    assert len(kept) == 3
+    assert [s.title for s in entry.sketches] == ["Guide"]
+    assert sorted(c.fields[0] for c in entry.costs) == ["a", "b", "c"]  # chunk_ids differ
+
+
 def test_a_cached_passage_cost_is_the_cost_of_its_rendering() -> None:
     """Same chunks, other labels and headers: each rendering is costed as itself."""
     rng = random.Random(7)

@@ -74,11 +74,17 @@ def known(key: int) -> TextFacts:
 def _remember(
     key: int, sketch: Sketch | None = None, cost: PassageCost | None = None
 ) -> TextFacts:
-    """The entry of `key` with `sketch` or `cost` first among its kind, held from now on.
-    Read afresh: another candidate of the text may have added an answer meanwhile."""
+    """The entry of `key` with `sketch` or `cost` first among its kind, in place of any
+    answer to the same question, held from now on. Read afresh: another candidate of the
+    text (a copy in the same event) may have added an answer meanwhile."""
     facts = known(key)
-    sketches = facts.sketches if sketch is None else (sketch, *facts.sketches)
-    costs = facts.costs if cost is None else (cost, *facts.costs)
+    sketches, costs = facts.sketches, facts.costs
+    if sketch is not None:
+        sketches = (sketch, *(s for s in sketches if s.title != sketch.title))
+    if cost is not None:
+        costs = (cost, *(
+            c for c in costs if (c.rendering, c.fields) != (cost.rendering, cost.fields)
+        ))
     sketches, costs = sketches[:MAX_VARIANTS], costs[:MAX_VARIANTS]
     nbytes = (
         _ENTRY_BYTES + sum(s.nbytes for s in sketches) + sum(c.nbytes for c in costs)
