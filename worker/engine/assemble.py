@@ -141,10 +141,7 @@ class _PassageCosts:
         if text is candidate.text:
             tokens = facts.passage_cost(candidate.facts, self._rendering, fields)
             if tokens is None:
-                tokens = self.counter.count(self.rendered(candidate, text))
-                candidate.facts = facts.remember_cost(
-                    candidate.text_key, self._rendering, fields, tokens
-                )
+                tokens, candidate.facts = self._count(candidate, text, candidate.text_key, fields)
             return tokens
         memo = (candidate.rank, text)
         tokens = self._extracts.get(memo)
@@ -152,10 +149,16 @@ class _PassageCosts:
             key = text_key(text)
             tokens = facts.passage_cost(facts.known(key), self._rendering, fields)
             if tokens is None:
-                tokens = self.counter.count(self.rendered(candidate, text))
-                facts.remember_cost(key, self._rendering, fields, tokens)
+                tokens, _ = self._count(candidate, text, key, fields)
             self._extracts[memo] = tokens
         return tokens
+
+    def _count(
+        self, candidate: Candidate, text: str, key: int, fields: facts.Fields
+    ) -> tuple[int, facts.TextFacts]:
+        """Render and count what no request has costed yet; the text's facts from now on."""
+        tokens = self.counter.count(self.rendered(candidate, text))
+        return tokens, facts.remember_cost(key, self._rendering, fields, tokens)
 
 
 def _pack(

@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from worker.engine.cache import SizedCache
-from worker.engine.words import WORD_CACHE_MAX_CHARS, Sketch, chunk_sketch
+from worker.engine.words import Sketch, chunk_sketch, is_cached
 
 if TYPE_CHECKING:
     from worker.engine.candidate import Candidate
@@ -101,8 +101,7 @@ def sketch(candidate: Candidate, *, drop_title_line: bool) -> Sketch:
         if found.title == title:
             return found
     made = chunk_sketch(candidate.chunk, drop_title_line=drop_title_line)
-    # Long texts are rare and sketched again on each use, as their word sets are split.
-    if len(candidate.text) + (len(title) if title is not None else 0) <= WORD_CACHE_MAX_CHARS:
+    if is_cached(candidate.text, title):  # as its word set is
         candidate.facts = _remember(candidate.text_key, sketch=made)
     return made
 

@@ -131,6 +131,14 @@ def _entry_bytes(entry: Words | Sketch) -> int:
 CACHE: Final[SizedCache[tuple[str, str | None], Words]] = SizedCache(
     WORD_CACHE_BYTES, _entry_bytes
 )
+
+
+def is_cached(text: str, title: str | None) -> bool:
+    """Whether what is learnt of `text`'s words under `title` is cached: longer texts are
+    rare, costly to hold and cheap to split again."""
+    return len(text) + (len(title) if title is not None else 0) <= WORD_CACHE_MAX_CHARS
+
+
 def _sketch_of(found: Words, title: str | None) -> Sketch:
     strings = sum(map(sys.getsizeof, found.numbers))
     nbytes = (
@@ -152,7 +160,7 @@ def chunk_words(chunk: Chunk, *, drop_title_line: bool) -> Words:
     """The words of a chunk, without its title line when the policy leaves titles out."""
     text = chunk.text
     title = chunk.title if drop_title_line else None
-    if len(text) + (len(title) if title is not None else 0) > WORD_CACHE_MAX_CHARS:
+    if not is_cached(text, title):
         return _words_of(text, title)
     key = (text, title)
     found = CACHE.get(key)
