@@ -334,14 +334,18 @@ class TransactionalWorker:
                     raise
                 committed.set_result(errors)
         except BaseException as error:
-            for share in self._assembled:
-                for _, origin, _ in share.events:
-                    self.runner.settle(origin, error)
+            self._settle(self._assembled, error)
             self._assembled = []
             if self._next_round is not None:
                 _fail(self._next_round, error)
                 self._next_round = None
             raise
+
+    def _settle(self, shares: list[_Share], error: BaseException) -> None:
+        """The shares' events will not be acknowledged by this worker."""
+        for share in shares:
+            for _, origin, _ in share.events:
+                self.runner.settle(origin, error)
 
     async def _commit_round(self, shares: list[_Share]) -> list[BaseException]:
         """Each partition's shares in one transaction; what the transactions raised."""
@@ -359,10 +363,7 @@ class TransactionalWorker:
         tp = partition.tp
         current = self.held.get(tp) is partition
         fresh = [s for s in shares if current and s.claim.rewinds == partition.rewinds]
-        for share in shares:
-            if share not in fresh:
-                for _, origin, _ in share.events:
-                    self.runner.settle(origin, _Dropped())
+        self._settle([s for s in shares if s not in fresh], _Dropped())
         if not fresh:
             return
         events = [event for share in fresh for event in share.events]
