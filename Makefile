@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test lint check bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo test test-unit test-lowest lint check bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,21 @@ demo: $(BIN)/context-assembler  ## assemble the shipped example events and show 
 
 test: $(BIN)/context-assembler  ## every test; the Kafka tests start their own broker
 	$(BIN)/python -m pytest
+
+test-unit: $(BIN)/context-assembler  ## the tests that need no broker (about a minute)
+	$(BIN)/python -m pytest -m 'not kafka' --ignore=tests/integration
+
+# The unit tests at the lowest versions pyproject.toml allows, so its floors stay true. Left out:
+# the schema-sync tests (schemas/ is generated with the pinned pydantic, whose JSON Schema output
+# differs in form, not in meaning, between releases) and the test that the pins are installed.
+LOWEST := .venv-lowest
+test-lowest: $(BIN)/context-assembler  ## unit tests at the lowest direct versions allowed
+	$(BIN)/pip install -q -c constraints.txt uv
+	$(BIN)/uv venv -q --allow-existing -p $(PYTHON) $(LOWEST)
+	VIRTUAL_ENV=$(LOWEST) $(BIN)/uv pip install -q --resolution lowest-direct -e '.[dev]'
+	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m 'not kafka' --ignore=tests/integration \
+	    --deselect tests/schemas/test_generate.py \
+	    --deselect tests/deploy/test_image.py::test_every_runtime_dependency_is_pinned_in_constraints
 
 lint: $(BIN)/context-assembler
 	$(BIN)/ruff check worker schemas tests bench
@@ -58,4 +73,4 @@ broker-stop:
 	bash scripts/kafka.sh stop $(KAFKA_DIR)
 
 clean:
-	rm -rf $(VENV) $(OUT) .kafka .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(OUT) .kafka .pytest_cache .mypy_cache .ruff_cache
