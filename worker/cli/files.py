@@ -34,7 +34,7 @@ from worker.engine import Policy, assemble
 from worker.intake.codec import Excerpt, RejectedInput, decode_event
 from worker.intake.handle import resolve_policy
 from worker.intake.policies import PolicyRegistry, build_registry, load_policy
-from worker.intake.recorded import RecordedPolicies, differences, read_records
+from worker.intake.recorded import RecordedPolicies, differences, read_records_file
 
 
 @command
@@ -179,8 +179,7 @@ def policy_diff(recorded: RecordedPolicies, hashes: list[str]) -> int:
 @command
 def cmd_policy(args: argparse.Namespace) -> int:
     if args.diff:
-        with file_errors(args.policies), open(args.policies, "rb") as stream:
-            return policy_diff(read_records(stream, args.policies), args.diff)
+        return policy_diff(read_records_file(args.policies), args.diff)
     policy = load_policy(args.policy)
     print(f"# {policy.name} {policy.hash}")
     print(policy.model_dump_json(indent=2))
