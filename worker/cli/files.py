@@ -44,16 +44,16 @@ def cmd_assemble(args: argparse.Namespace) -> int:
         raise UsageError("--policies needs a file name")
     refuse_overlaps(args.files or ["-"], {**outputs, "--policies": args.policies})
     registry = build_registry(args.policy, args.allow_policy)
-    if args.policies:
-        with file_errors(args.policies), filemode.output_file(args.policies) as records:
-            filemode.write_policies(registry, records)
-    with (
+    with (  # every output file is renamed into place only when the whole run succeeds
         open_inputs(args.files) as sources,
         open_output("--out", outputs["--out"]) as prompts,
         open_output("--audit", outputs["--audit"]) as audits,
         open_output("--errors", outputs["--errors"]) as errors,
+        open_output("--policies", args.policies) as records,
     ):
         assert prompts is not None and errors is not None
+        if records is not None:
+            filemode.write_policies(registry, records)
         totals = filemode.run(
             sources, registry, limits(args), prompts=prompts, audits=audits, errors=errors
         )

@@ -148,7 +148,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
         report = await replay(request, stop)
         rejected = sum(isinstance(r.result, str) for r in report.replayed)
         for comparison in report.comparisons:

@@ -117,8 +117,10 @@ class PolicyRegistry:
     operator listed it (`--allow-policy`, ASSEMBLER_ALLOWED_POLICIES), and whatever it names,
     the `[guard]` section is the service policy's: a request can never see more than the
     service lets it. Token estimators stay the operator's choice for the service policy; an
-    allowed policy must count with a real tokenizer. Every tokenizer is loaded here, so a
-    missing vocabulary stops the process at start instead of rejecting each event.
+    allowed policy must count with a real tokenizer. A name means one set of rules: two
+    allowed policies of one name are refused unless they are the same. Every tokenizer is
+    loaded here, so a missing vocabulary stops the process at start instead of rejecting
+    each event.
     """
 
     def __init__(self, service: Policy, allowed: Iterable[Policy] = ()) -> None:
@@ -135,7 +137,14 @@ class PolicyRegistry:
                 raise PolicyError(
                     f"allowed policy {policy.name!r} has the service policy's name; rename one"
                 )
-            self._named[policy.name] = policy.model_copy(update={"guard": service.guard})
+            granted = policy.model_copy(update={"guard": service.guard})
+            known = self._named.setdefault(policy.name, granted)
+            if known.hash != granted.hash:
+                raise PolicyError(
+                    f"two allowed policies are named {policy.name!r} but hold different rules "
+                    f"({known.hash}, {granted.hash}); rename one (a policy file is named by "
+                    "its `name` key, else by its file name)"
+                )
         self._named[service.name] = service
         for policy in self._named.values():
             warm_tokenizers(policy)
