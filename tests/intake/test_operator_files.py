@@ -148,6 +148,15 @@ def test_a_policy_or_records_file_that_is_not_a_file_exits_2(
         assert_one_line(err, f"policy records file {path}: is a")
 
 
+def test_a_records_file_nested_past_the_json_parsers_limit_exits_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = tmp_path / "policies.jsonl"
+    records.write_text('{"settings": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    status, err = run_cli(["policy", "--policies", str(records), "--diff", "a", "b"], capsys)
+    assert status == 2
+    assert_one_line(err, "policies.jsonl:1: not a policy record", "recursion limit exceeded")
+
+
 # Tokenizers that load and cannot count every text.
 
 
