@@ -176,9 +176,13 @@ def refuse_overlaps(inputs: Iterable[Place], outputs: Mapping[str, Place]) -> No
                 claims[identity] = (option, place)
                 continue
             owner, other = claimed
-            if owner != "the input" and isinstance(place, int) and isinstance(other, int) \
-                    and place != other:
-                continue
+            if owner != "the input" and isinstance(place, int) and isinstance(other, int):
+                if place != other:
+                    continue
+                raise OutputConflict(
+                    f"{option} and {owner} would both write to {_shown(place)}, one kind of "
+                    "record mixed into the other; give one of them a file name"
+                )
             raise OutputConflict(
                 f"{option} {_shown(place)} is the same file as {owner} {_shown(other)}; "
                 "refusing to overwrite it (nothing was written)"

@@ -34,7 +34,7 @@ from worker.engine import Policy, assemble
 from worker.intake.codec import Excerpt, RejectedInput, decode_event
 from worker.intake.handle import resolve_policy
 from worker.intake.policies import PolicyRegistry, build_registry, load_policy
-from worker.intake.recorded import RecordedPolicies, differences, read_records
+from worker.intake.recorded import RecordedPolicies, differences, read_records_file
 
 
 @command
@@ -44,16 +44,16 @@ def cmd_assemble(args: argparse.Namespace) -> int:
         raise UsageError("--policies needs a file name")
     refuse_overlaps(args.files or ["-"], {**outputs, "--policies": args.policies})
     registry = build_registry(args.policy, args.allow_policy)
-    if args.policies:
-        with file_errors(args.policies), filemode.output_file(args.policies) as records:
-            filemode.write_policies(registry, records)
-    with (
+    with (  # every output file is renamed into place only when the whole run succeeds
         open_inputs(args.files) as sources,
         open_output("--out", outputs["--out"]) as prompts,
         open_output("--audit", outputs["--audit"]) as audits,
         open_output("--errors", outputs["--errors"]) as errors,
+        open_output("--policies", args.policies) as records,
     ):
         assert prompts is not None and errors is not None
+        if records is not None:
+            filemode.write_policies(registry, records)
         totals = filemode.run(
             sources, registry, limits(args), prompts=prompts, audits=audits, errors=errors
         )
@@ -179,8 +179,7 @@ def policy_diff(recorded: RecordedPolicies, hashes: list[str]) -> int:
 @command
 def cmd_policy(args: argparse.Namespace) -> int:
     if args.diff:
-        with file_errors(args.policies), open(args.policies, "rb") as stream:
-            return policy_diff(read_records(stream, args.policies), args.diff)
+        return policy_diff(read_records_file(args.policies), args.diff)
     policy = load_policy(args.policy)
     print(f"# {policy.name} {policy.hash}")
     print(policy.model_dump_json(indent=2))

@@ -16,7 +16,6 @@ from typing import TypedDict
 from worker.cli.common import (
     UsageError,
     command,
-    file_errors,
     limits,
     open_inputs,
     parse_audit,
@@ -31,7 +30,7 @@ from worker.intake.recorded import (
     PolicyNotRecorded,
     RecordedPolicies,
     not_defaults,
-    read_records,
+    read_records_file,
 )
 
 
@@ -144,12 +143,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         compare=args.compare,
         recorded=recorded,
         policies_topic=args.policies_topic or settings.policies_topic,
-        policies=policy_file(args.policies) if args.policies else None,
+        policies=read_records_file(args.policies) if args.policies else None,
     )
 
     async def run() -> int:
         stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
         report = await replay(request, stop)
         rejected = sum(isinstance(r.result, str) for r in report.replayed)
         for comparison in report.comparisons:
@@ -173,11 +173,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
-def policy_file(path: str) -> RecordedPolicies:
-    with file_errors(path), open(path, "rb") as stream:
-        return read_records(stream, path)
-
-
 def recorded_policies(args: argparse.Namespace, servers: str, topic: str) -> RecordedPolicies:
     """The policy records of --policies F, else of the policies topic."""
     import asyncio
@@ -185,7 +180,7 @@ def recorded_policies(args: argparse.Namespace, servers: str, topic: str) -> Rec
     from worker.kafka.policies import fetch_policies
 
     if args.policies:
-        return policy_file(args.policies)
+        return read_records_file(args.policies)
     return asyncio.run(fetch_policies(servers, topic))
 
 

@@ -1,15 +1,18 @@
 """`context-assembler`: assemble, explain and sweep over JSONL files; the worker commands.
 
 Exit status: 0 when every line was assembled, 1 when some line was rejected, 2 for a
-usage, policy or setup error, 70 for a bug, 130 when interrupted.
+usage, policy or setup error, 70 for a bug, 130 when interrupted (Ctrl-C), 143 when
+terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from types import FrameType
 
 from worker import __version__
 from worker.cli import files, kafka
@@ -181,12 +184,32 @@ def _bug(error: Exception, debug: bool) -> int:
     return 70
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that unfinished output files are
+    removed on the way out (no `except Exception` catches it). The worker, serve and
+    replay install their own handlers once their event loop runs."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         status: int = args.handler(args)
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        return 128 + signal.SIGTERM
     except ContextAssemblerError as error:  # the one family of errors meant for the operator
         print(f"context-assembler: {printable(str(error))}", file=sys.stderr)
         return 2

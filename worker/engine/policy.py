@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import orjson
 from pydantic import (
@@ -44,6 +44,12 @@ DEFAULT_SYSTEM_PROMPT = (
     "appears at the start of the passage header. If the passages do not answer the question, "
     "say that you do not know."
 )
+
+
+# Every count a policy holds (tokens, chunks, sentences) stays under 2**31: far beyond any
+# model's window, and every sum of counts an output carries stays a 64-bit integer (a larger
+# one would pass start and then fail every event, as orjson cannot write it).
+LARGEST_COUNT: Final = 2**31 - 1
 
 
 class _Section(BaseModel):
@@ -102,13 +108,16 @@ class BudgetPolicy(_Section):
     `context_tokens` uses the window math alone (see `PolicyError`/`load`).
     """
 
-    context_tokens: int | None = Field(default=1500, ge=1)
-    window: int | None = Field(default=8192, ge=1, description="The model's context window.")
-    max_output: int = Field(default=1024, ge=0)
+    context_tokens: int | None = Field(default=1500, ge=1, le=LARGEST_COUNT)
+    window: int | None = Field(
+        default=8192, ge=1, le=LARGEST_COUNT, description="The model's context window.")
+    max_output: int = Field(default=1024, ge=0, le=LARGEST_COUNT)
     safety_margin: float = Field(default=0.05, ge=0, lt=1, description="Fraction of the input.")
-    safety_tokens: int = Field(default=0, ge=0, description="Absolute reserve (seed 004: 128).")
+    safety_tokens: int = Field(
+        default=0, ge=0, le=LARGEST_COUNT, description="Absolute reserve (seed 004: 128).")
     history_share: float = Field(default=0.4, ge=0, le=1)
-    message_overhead: int = Field(default=4, ge=0, description="Chat framing per message.")
+    message_overhead: int = Field(
+        default=4, ge=0, le=LARGEST_COUNT, description="Chat framing per message.")
 
     @model_validator(mode="after")
     def _one_budget(self) -> BudgetPolicy:
@@ -135,7 +144,7 @@ class DedupPolicy(_Section):
 class SelectPolicy(_Section):
     packing: Literal["skip", "stop", "density", "mmr"] = "skip"
     min_score: float | None = None
-    max_chunks: int | None = Field(default=None, ge=1)
+    max_chunks: int | None = Field(default=None, ge=1, le=LARGEST_COUNT)
     mmr_lambda: float = Field(default=0.7, ge=0, le=1)
 
 
@@ -143,7 +152,7 @@ class CompressPolicy(_Section):
     """Extractive only: whole sentences, verbatim, in their original order."""
 
     mode: Literal["off", "overflow", "always"] = "off"
-    max_sentences: int = Field(default=3, ge=1)
+    max_sentences: int = Field(default=3, ge=1, le=LARGEST_COUNT)
 
 
 class OrderPolicy(_Section):

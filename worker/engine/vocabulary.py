@@ -20,9 +20,10 @@ import os
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from worker.engine.errors import VocabularyUnavailable
+from worker.engine.operator_files import MIB, OperatorFileError, read_operator_file
 
 if TYPE_CHECKING:
     import tiktoken
@@ -99,25 +100,45 @@ def load_encoding(name: str) -> tiktoken.Encoding:
     return tiktoken.get_encoding(name)
 
 
+# Real tokenizer.json files run to about 35 MB (Gemma's, for 262,000 tokens).
+TOKENIZER_FILE_BYTES: Final = 128 * MIB
+# Text no vocabulary holds whole: a made-up word, rare scripts, an emoji, a private-use
+# character. A model without an unknown token (WordLevel, Unigram) fails on it at start,
+# instead of on every event later.
+PROBE_TEXT: Final = (
+    "Zqxjv wrdlbrmpft 0x7f3a \u00e9t\u00e9 \u6771\u4eac \u0939\u093f \U0001f642 \ue000"
+)
+
+
 def load_tokenizer_file(path: Path) -> tuple[str, tokenizers.Tokenizer]:
     """The sha256 of a Hugging Face tokenizer.json and the tokenizer it describes (raises
     VocabularyUnavailable). Built from the file's bytes, so nothing is ever downloaded and
-    the digest names exactly what was loaded."""
+    the digest names exactly what was loaded; refused unless it can count any text."""
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise VocabularyUnavailable(
-            f"tokenizer file {path}: cannot read it ({error.strerror or error})"
-        ) from None
+        data = read_operator_file(path, "tokenizer file", TOKENIZER_FILE_BYTES)
+    except OperatorFileError as error:
+        raise VocabularyUnavailable(str(error)) from None
     from tokenizers import Tokenizer  # only once a policy names a tokenizer.json
 
     try:
         tokenizer = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as error:  # the Rust binding raises a bare Exception
-        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise VocabularyUnavailable(
-            f"tokenizer file {path} is not a Hugging Face tokenizer.json ({reason})"
+            f"tokenizer file {path} is not a Hugging Face tokenizer.json ({_first_line(error)})"
         ) from None
     tokenizer.no_truncation()  # count every token, however long the text
     tokenizer.no_padding()
+    try:
+        tokenizer.encode_batch_fast([PROBE_TEXT], add_special_tokens=False)
+    except Exception as error:
+        raise VocabularyUnavailable(
+            f"tokenizer file {path} cannot encode text outside its vocabulary "
+            f"({_first_line(error)}): its model needs an unknown token (unk_token), or "
+            "byte fallback, to count every event"
+        ) from None
     return _sha256(data), tokenizer
+
+
+def _first_line(error: Exception) -> str:
+    """The Rust binding's message, cut to one line (it may quote the file at length)."""
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__

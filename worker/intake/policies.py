@@ -13,12 +13,18 @@ import tomllib
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Final
 
 from worker.engine.errors import PolicyError, VocabularyUnavailable
+from worker.engine.operator_files import MIB, OperatorFileError, read_operator_file
 from worker.engine.policy import Policy, policy_from_mapping
 from worker.engine.tokens import get_counter, load_tokenizer_file
 
 HF_PREFIX = "hf:"
+POLICY_FILE_BYTES: Final = 1 * MIB
+# A policy is two levels deep (section, key). tomllib recurses into arrays and inline
+# tables: a file nested far deeper exhausts Python's stack, and is refused as this one.
+MAX_TOML_DEPTH: Final = 16
 
 
 def preset_names() -> list[str]:
@@ -29,9 +35,27 @@ def preset_names() -> list[str]:
 
 def _parse(text: str, where: str) -> dict[str, object]:
     try:
-        return tomllib.loads(text)
+        data: dict[str, object] | None = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise PolicyError(f"{where}: not valid TOML: {error}") from None
+    except RecursionError:  # far deeper than the limit: refused as any deeper file is
+        data = None
+    if data is None or _depth(data) > MAX_TOML_DEPTH:
+        raise PolicyError(f"{where}: nested deeper than {MAX_TOML_DEPTH} levels")
+    return data
+
+
+def _depth(table: dict[str, object]) -> int:
+    """How many tables and arrays deep the values of `table` nest (without recursing)."""
+    deepest, pending = 0, [(value, 1) for value in table.values()]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 def load_preset(name: str) -> Policy:
@@ -54,9 +78,12 @@ def load_policy(spec: str | None) -> Policy:
             return load_preset(spec)
         raise PolicyError(f"{spec}: no such policy file or preset ({', '.join(preset_names())})")
     try:
-        text = path.read_text("utf-8")
-    except OSError as error:
-        raise PolicyError(f"{spec}: cannot read policy file: {error}") from None
+        text = read_operator_file(path, "policy file", POLICY_FILE_BYTES).decode("utf-8")
+    except OperatorFileError as error:
+        raise PolicyError(str(error)) from None
+    except UnicodeDecodeError as error:
+        raise PolicyError(f"policy file {spec}: not UTF-8 ({error.reason} at byte "
+                          f"{error.start})") from None
     data = _with_tokenizer_files(_parse(text, spec), path.parent, spec)
     name = data.get("name")
     return policy_from_mapping(data, name=name if isinstance(name, str) else path.stem)
@@ -90,8 +117,10 @@ class PolicyRegistry:
     operator listed it (`--allow-policy`, ASSEMBLER_ALLOWED_POLICIES), and whatever it names,
     the `[guard]` section is the service policy's: a request can never see more than the
     service lets it. Token estimators stay the operator's choice for the service policy; an
-    allowed policy must count with a real tokenizer. Every tokenizer is loaded here, so a
-    missing vocabulary stops the process at start instead of rejecting each event.
+    allowed policy must count with a real tokenizer. A name means one set of rules: two
+    allowed policies of one name are refused unless they are the same. Every tokenizer is
+    loaded here, so a missing vocabulary stops the process at start instead of rejecting
+    each event.
     """
 
     def __init__(self, service: Policy, allowed: Iterable[Policy] = ()) -> None:
@@ -108,7 +137,14 @@ class PolicyRegistry:
                 raise PolicyError(
                     f"allowed policy {policy.name!r} has the service policy's name; rename one"
                 )
-            self._named[policy.name] = policy.model_copy(update={"guard": service.guard})
+            granted = policy.model_copy(update={"guard": service.guard})
+            known = self._named.setdefault(policy.name, granted)
+            if known.hash != granted.hash:
+                raise PolicyError(
+                    f"two allowed policies are named {policy.name!r} but hold different rules "
+                    f"({known.hash}, {granted.hash}); rename one (a policy file is named by "
+                    "its `name` key, else by its file name)"
+                )
         self._named[service.name] = service
         for policy in self._named.values():
             warm_tokenizers(policy)

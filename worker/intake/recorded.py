@@ -10,13 +10,14 @@ altered, or written by an engine that hashes other rules, is refused, never trus
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from pydantic import ValidationError
 
 from schemas.models import EngineInfo, PolicyRecord
 from worker.engine.errors import ContextAssemblerError
+from worker.engine.operator_files import MIB, read_operator_file
 from worker.engine.policy import Policy
 from worker.engine.version import __version__
 from worker.intake.codec import encode
@@ -125,6 +126,16 @@ def read_records(lines: Iterable[bytes], where: str) -> RecordedPolicies:
         if line.strip():
             recorded.add(None, line.strip(), number)
     return recorded
+
+
+# A record is a few KB (a policy file is at most 1 MiB): room for thousands of them.
+POLICY_RECORDS_BYTES: Final = 64 * MIB
+
+
+def read_records_file(path: str) -> RecordedPolicies:
+    """The records of a JSONL file (`assemble --policies F`), read as any operator file."""
+    return read_records(read_operator_file(path, "policy records file",
+                                           POLICY_RECORDS_BYTES).splitlines(), path)
 
 
 def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
