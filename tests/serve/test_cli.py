@@ -14,6 +14,8 @@ import pytest
 
 from tests.factories import EXAMPLES
 
+JSON = {"Content-Type": "application/json"}  # urllib would declare a form
+
 
 def test_serve_answers_then_stops_on_sigterm() -> None:
     process = subprocess.Popen(
@@ -27,11 +29,11 @@ def test_serve_answers_then_stops_on_sigterm() -> None:
         assert found, banner
         url = f"http://127.0.0.1:{found.group(1)}/v1/assemble"
         good = (EXAMPLES / "events.jsonl").read_bytes().splitlines()[0]
-        with urllib.request.urlopen(urllib.request.Request(url, data=good)) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, data=good, headers=JSON)) as response:
             assert response.status == 200
             assert b'"request_id":"q30-staff"' in response.read()
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(urllib.request.Request(url, data=b" " * 100_001))
+            urllib.request.urlopen(urllib.request.Request(url, data=b" " * 100_001, headers=JSON))
         assert refused.value.code == 413
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0

@@ -5,6 +5,11 @@ the engine in one thread off the event loop as in the worker, the worker's metri
 SERVER span per request (with an "assemble" child) continuing the caller's traceparent when
 tracing is on. A body announced over max_event_bytes is refused unread, and reading stops
 one chunk past it, so an oversized body is never held in memory.
+
+No client can hold the endpoint: a connection must send a complete request head within
+`idle_timeout` of opening (or of its last response), and a body must arrive within
+`body_timeout` of its head, else 408 and its slot is free again. Every answer, aiohttp's own
+400s included, is JSON in one shape, and quotes an untrusted string only cut to a fixed length.
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final
+from logging import Logger
+from typing import Final, cast
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
+from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge
 
 from schemas.generate import openapi
 from schemas.models import RejectReason
 from worker.engine import Assembly
+from worker.filemode import BOM
 from worker.intake.codec import Limits, RejectedInput, encode
 from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry
@@ -34,11 +42,14 @@ log = logging.getLogger(__name__)
 
 ASSEMBLE_PATH: Final = "/v1/assemble"
 JSON: Final = "application/json"
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 _STATUS: Final = {
     RejectReason.JSON: 400,
     RejectReason.ENGINE: 500,  # a bug, not the client's
 }
+# Of a rejection's message in a response or a log line: messages may quote the request.
+MESSAGE_CHARS: Final = 1024
+QUOTED_CHARS: Final = 100  # of a header quoted in a message
 
 
 @dataclass
@@ -53,9 +64,34 @@ class Service:
     # Requests being read or waiting for the one engine thread: each may hold up to
     # max_event_bytes, so more are refused (503) rather than queued without bound.
     max_pending: int = 64
+    # Seconds a body may take to arrive after its head: a slower client gets 408, so a few
+    # stalled uploads cannot hold every pending slot.
+    body_timeout: float = 10.0
+    # Seconds a connection may wait for a complete request head (after opening, or after
+    # its last response) before it is closed: idle keep-alive and a slow head alike.
+    idle_timeout: float = 75.0
+    slow_clients: Counter = field(init=False)
+    busy: Counter = field(init=False)
+    pending: Gauge = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
+        registry = self.metrics.registry
+        self.slow_clients = Counter(
+            "context_assembler_http_slow_clients_total",
+            "Requests whose body did not arrive within the body timeout (answered 408).",
+            registry=registry,
+        )
+        self.busy = Counter(
+            "context_assembler_http_busy_total",
+            "Requests refused (503) because max_pending requests were pending.",
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "context_assembler_http_pending_requests",
+            "Requests holding a pending slot, by stage: reading the body, or at the engine.",
+            ["stage"], registry=registry,
+        )
 
 
 def body(assembly: Assembly) -> bytes:
@@ -63,31 +99,95 @@ def body(assembly: Assembly) -> bytes:
     return b'{"prompt":' + encode(assembly.prompt) + b',"audit":' + encode(assembly.audit) + b"}"
 
 
+def cut(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _rejection(rejected: RejectedInput, status: int) -> web.Response:
-    payload = {"reason": rejected.reason.value, "message": rejected.message,
+    payload = {"reason": rejected.reason.value, "message": cut(rejected.message, MESSAGE_CHARS),
                "request_id": rejected.request_id}
     return web.json_response(payload, status=status)
 
 
-def _oversized(length: int | None, limits: Limits) -> RejectedInput:
-    size = f"is {length} bytes" if length is not None else "is longer than that"
-    return RejectedInput(
-        RejectReason.LIMITS, f"body {size}, over max_event_bytes={limits.max_event_bytes}"
-    )
+class Refused(Exception):
+    """A request answered before the engine sees it: its status and why."""
+
+    def __init__(self, status: int, rejected: RejectedInput) -> None:
+        super().__init__(rejected.message)
+        self.status = status
+        self.rejected = rejected
 
 
-async def _read_bounded(request: web.Request, limit: int) -> bytes | None:
-    """The body, or None once it is over `limit` bytes (the rest is never read)."""
-    if request.content_length is not None and request.content_length > limit:
-        return None
+def _header(request: web.BaseRequest, name: str) -> str:
+    return repr(cut(request.headers.get(name, ""), QUOTED_CHARS))
+
+
+def _refuse_non_json(request: web.BaseRequest) -> None:
+    """A body declared as anything but JSON in UTF-8 is refused (415); none declared is
+    taken for JSON."""
+    if hdrs.CONTENT_TYPE not in request.headers:
+        return
+    kind = request.content_type
+    json_kind = kind == JSON or (kind.startswith("application/") and kind.endswith("+json"))
+    if json_kind and (request.charset or "utf-8").lower() == "utf-8":
+        return
+    raise Refused(415, RejectedInput(
+        RejectReason.JSON, f"Content-Type {_header(request, hdrs.CONTENT_TYPE)} is not JSON in "
+        f"UTF-8; send {JSON}"))
+
+
+def _oversized(request: web.BaseRequest, limit: int, read: bool) -> Refused:
+    """413, with the figure that is true of this body: its announced length, else the limit
+    that reading it passed (after decoding, for a compressed body)."""
+    length = request.content_length
+    if read and hdrs.CONTENT_ENCODING in request.headers:
+        size = (f"over max_event_bytes={limit} once decoded (Content-Encoding "
+                f"{_header(request, hdrs.CONTENT_ENCODING)})")
+    elif length is None:
+        size = f"over max_event_bytes={limit} (sent without a Content-Length: reading stopped)"
+    else:
+        size = f"{length} bytes, over max_event_bytes={limit}"
+    return Refused(413, RejectedInput(RejectReason.LIMITS, f"body is {size}"))
+
+
+async def read_body(request: web.BaseRequest, limit: int) -> bytes:
+    """The body, without a byte-order mark opening it (as the file mode drops one opening a
+    file), or Refused once it is over `limit` bytes: the rest is never read."""
+    allowed = limit + len(BOM)
+    if request.content_length is not None and request.content_length > allowed:
+        raise _oversized(request, limit, read=False)
     parts: list[bytes] = []
     size = 0
-    async for part in request.content.iter_chunked(64 * 1024):
-        size += len(part)
-        if size > limit:
-            return None
-        parts.append(part)
-    return b"".join(parts)
+    try:
+        async for part in request.content.iter_chunked(64 * 1024):
+            size += len(part)
+            if size > allowed:
+                raise _oversized(request, limit, read=True)
+            parts.append(part)
+    except (web.RequestPayloadError, HttpProcessingError) as error:
+        raise Refused(400, RejectedInput(
+            RejectReason.JSON, f"the body cannot be read: its chunked or Content-Encoding "
+            f"framing is broken ({type(error).__name__})")) from None
+    except ConnectionResetError:
+        raise Refused(400, RejectedInput(
+            RejectReason.JSON, "the connection closed before the body was complete")) from None
+    raw = b"".join(parts).removeprefix(BOM)
+    if len(raw) > limit:
+        raise _oversized(request, limit, read=True)
+    return raw
+
+
+def valid_traceparent(given: str) -> str | None:
+    """`given` if it is a W3C traceparent a tracer would continue (not version ff, no
+    all-zero id); None otherwise, so a forged one is never echoed or logged."""
+    found = _TRACEPARENT.fullmatch(given)
+    if found is None:
+        return None
+    version, trace_id, parent_id = found.groups()
+    if version == "ff" or int(trace_id, 16) == 0 or int(parent_id, 16) == 0:
+        return None
+    return given
 
 
 class Endpoint:
@@ -112,13 +212,14 @@ class Endpoint:
     def _rejected(self, rejected: RejectedInput, status: int, seconds: float,
                   trace: str | None) -> web.Response:
         self.service.metrics.observe(None, rejected, seconds, dead_lettered=False)
-        log.warning("rejected request: %s", rejected.message,
+        log.warning("rejected request: %s", cut(rejected.message, MESSAGE_CHARS),
                     extra={"request_id": rejected.request_id, "reason": rejected.reason,
                            "traceparent": trace})
         return _rejection(rejected, status)
 
     async def assemble(self, request: web.Request) -> web.Response:
         if self._pending >= self.service.max_pending:
+            self.service.busy.inc()
             log.warning("busy: %d requests pending", self._pending)
             return web.json_response(
                 {"message": f"busy: {self._pending} requests pending; retry shortly"},
@@ -134,8 +235,7 @@ class Endpoint:
         tracing = self.service.tracing
         span = (tracing.begin_request(request.method, ASSEMBLE_PATH, request.headers,
                                       time.time_ns()) if tracing.enabled else None)
-        given = request.headers.get("traceparent", "")
-        trace = given if _TRACEPARENT.fullmatch(given) else None  # never echo a forged one
+        trace = valid_traceparent(request.headers.get("traceparent", ""))
         outcome, response = await self._respond(request, trace)
         if trace is not None:
             response.headers["traceparent"] = trace
@@ -153,14 +253,20 @@ class Endpoint:
     async def _respond(
         self, request: web.Request, trace: str | None
     ) -> tuple[tuple[Assembly | RejectedInput, bytes, int, int] | None, web.Response]:
-        """The engine's outcome (None: the body was refused unread) and the response."""
-        limits = self.service.limits
-        raw = await _read_bounded(request, limits.max_event_bytes)
-        if raw is None:
-            return None, self._rejected(_oversized(request.content_length, limits), 413, 0.0,
-                                        trace)
+        """The engine's outcome (None: refused before the engine) and the response."""
+        service = self.service
+        try:
+            _refuse_non_json(request)
+            with service.pending.labels("reading").track_inprogress():
+                async with asyncio.timeout(service.body_timeout):
+                    raw = await read_body(request, service.limits.max_event_bytes)
+        except Refused as refused:
+            return None, self._rejected(refused.rejected, refused.status, 0.0, trace)
+        except TimeoutError:
+            return None, self._too_slow(trace)
         loop = asyncio.get_running_loop()
-        outcome = await loop.run_in_executor(self._executor, self._handle, raw)
+        with service.pending.labels("engine").track_inprogress():
+            outcome = await loop.run_in_executor(self._executor, self._handle, raw)
         result, data, started, ended = outcome
         seconds = (ended - started) / 1e9
         if isinstance(result, RejectedInput):
@@ -170,6 +276,19 @@ class Endpoint:
         log.debug("assembled", extra={"request_id": result.prompt.request_id,
                                       "traceparent": trace})
         return outcome, web.Response(body=data, content_type=JSON)
+
+    def _too_slow(self, trace: str | None) -> web.Response:
+        """408: counted as a slow client, not as a rejected event or back-pressure."""
+        seconds = self.service.body_timeout
+        self.service.slow_clients.inc()
+        log.warning("slow client: body not complete %g s after its head", seconds,
+                    extra={"traceparent": trace})
+        rejected = RejectedInput(
+            RejectReason.LIMITS, f"the body did not arrive within {seconds:g} s of the request's "
+            "head (body timeout)")
+        response = _rejection(rejected, 408)
+        response.force_close()
+        return response
 
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.service.metrics.exposition(),
@@ -207,20 +326,53 @@ def build_app(service: Service) -> web.Application:
     return app
 
 
+class _Connection(web.RequestHandler):
+    """aiohttp's handler of one connection, answering a request it cannot parse (and an
+    unexpected error) in the rejection shape, without quoting the request."""
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp: a response is half sent, so the
+            raise ConnectionError("a response was already started")  # connection is broken
+        what = type(exc).__name__ if exc is not None else "unknown"
+        if status >= 500:
+            log.error("unexpected error answering a request", exc_info=exc)
+            rejected = RejectedInput(RejectReason.ENGINE, f"unexpected error ({what}); it is "
+                                     "in the server's log")
+        else:
+            log.debug("not a valid HTTP request (%s)", what)
+            rejected = RejectedInput(RejectReason.JSON, f"not a valid HTTP/1.1 request ({what})")
+        response = _rejection(rejected, status)
+        response.force_close()
+        return response
+
+
 class Server:
     """The endpoint on host:port (port 0: any free port, then `port` says which)."""
 
     def __init__(self, service: Service, host: str, port: int) -> None:
-        self._runner = web.AppRunner(build_app(service), access_log=None)
+        self._runner = web.AppRunner(build_app(service))
+        self._idle_timeout = service.idle_timeout
         self._host = host
         self._port = port
+        self._listener: asyncio.Server | None = None
         self.port: int | None = None
 
     async def start(self) -> None:
         await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, self._port).start()
-        addresses = self._runner.addresses
-        self.port = int(addresses[0][1]) if addresses else self._port
+        manager = self._runner.server
+        assert manager is not None
+        loop = asyncio.get_running_loop()
+
+        def connection() -> _Connection:
+            return _Connection(manager, loop=loop, keepalive_timeout=self._idle_timeout,
+                               access_log=cast(Logger, None))  # None: no access log
+
+        self._listener = await loop.create_server(connection, self._host, self._port)
+        self.port = int(self._listener.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()  # no new connections; the runner ends the open ones
         await self._runner.cleanup()
