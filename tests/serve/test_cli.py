@@ -51,3 +51,18 @@ def test_serve_refuses_a_bad_policy_before_listening() -> None:
     )
     assert done.returncode == 2
     assert "no-such" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [(["--port", "70000"], "expected a port, 0 to 65535"), (["--port", "-5"], "expected a port"),
+     (["--port", "http"], "expected a port"),
+     (["--body-timeout", "0"], "expected a positive number of seconds"),
+     (["--idle-timeout", "nan"], "expected a positive number of seconds")],
+)
+def test_serve_refuses_an_option_out_of_range_as_a_usage_error(option: list[str], says: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "worker.cli", "serve", *option],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert done.stdout == ""
