@@ -246,7 +246,7 @@ def test_the_openapi_document_names_the_contracts_models() -> None:
     assembled = document["components"]["schemas"]["Assembled"]["properties"]
     assert assembled == {"prompt": {"$ref": "#/components/schemas/AssembledPrompt"},
                          "audit": {"$ref": "#/components/schemas/AssemblyAudit"}}
-    assert {"200", "400", "413", "422"} <= set(operation["responses"])
+    assert {"200", "400", "408", "413", "415", "422", "503"} <= set(operation["responses"])
     for ref in _refs(document):  # every reference resolves inside the document
         target: Any = document
         for part in ref.removeprefix("#/").split("/"):
