@@ -213,8 +213,9 @@ def openapi() -> dict[str, Any]:
                     "422": _error("Valid JSON that cannot be assembled: schema, limits, a "
                                   "policy not allowed, a question over the window (budget)."),
                     "500": _error("A bug in the engine (reason engine)."),
-                    "503": {"description": "Busy: max_pending requests are pending; retry "
-                            "after the Retry-After header's seconds.", "content": {
+                    "503": {"description": "Busy: max_pending requests wait for the "
+                            "engine, or the bodies held fill their room; retry after the "
+                            "Retry-After header's seconds.", "content": {
                                 "application/json": {"schema": {
                                     "type": "object", "required": ["message"],
                                     "properties": {"message": {"type": "string"}}}}}},

@@ -144,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                       help="JSON log lines on stderr at this level and above (default: INFO)")
     http.add_argument("--max-pending", type=positive, default=64,
-                      help="requests read or waiting for the engine at once; more get 503 "
-                      "(default: 64)")
+                      help="requests waiting for the engine at once, and bodies held of this "
+                      "many times --max-event-bytes; more get 503 (default: 64)")
     http.add_argument("--body-timeout", type=seconds, default=10.0,
                       help="seconds a request body may take to arrive after its head; a "
                       "slower client gets 408 (default: 10)")

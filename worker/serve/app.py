@@ -6,19 +6,23 @@ SERVER span per request (with an "assemble" child) continuing the caller's trace
 tracing is on. A body announced over max_event_bytes is refused unread, and reading stops
 one chunk past it, so an oversized body is never held in memory.
 
-No client can hold the endpoint: a connection must send a complete request head within
-`idle_timeout` of opening (or of its last response), and a body must arrive within
-`body_timeout` of its head, else 408 and its slot is free again. Every answer, aiohttp's own
-400s included, is JSON in one shape, and quotes an untrusted string only cut to a fixed length.
+Slow clients cannot hold the endpoint: the bodies held at once are bounded in bytes as they
+arrive, not by how many requests are reading, so a client that stalls holds only what it
+sent; a body must arrive within `body_timeout` of its head (else 408), and a connection must
+send a complete request head within `idle_timeout` of opening or of its last response (else
+it is closed). Every answer, aiohttp's own 400s included, is JSON in one shape, and quotes an
+untrusted string only cut to a fixed length.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from logging import Logger
@@ -61,11 +65,11 @@ class Service:
     metrics: Metrics = field(default_factory=Metrics)
     tracing: Tracing = field(default_factory=Tracing)  # off unless given a provider
     ready: bool = True
-    # Requests being read or waiting for the one engine thread: each may hold up to
-    # max_event_bytes, so more are refused (503) rather than queued without bound.
+    # Requests whose body has arrived, waiting for the one engine thread; and the bodies held
+    # at once, being read or waiting, at most this many times max_event_bytes in all. More
+    # are refused (503) rather than queued without bound.
     max_pending: int = 64
-    # Seconds a body may take to arrive after its head: a slower client gets 408, so a few
-    # stalled uploads cannot hold every pending slot.
+    # Seconds a body may take to arrive after its head: a slower client gets 408.
     body_timeout: float = 10.0
     # Seconds a connection may wait for a complete request head (after opening, or after
     # its last response) before it is closed: idle keep-alive and a slow head alike.
@@ -73,6 +77,7 @@ class Service:
     slow_clients: Counter = field(init=False)
     busy: Counter = field(init=False)
     pending: Gauge = field(init=False)
+    body_bytes: Gauge = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
@@ -89,8 +94,13 @@ class Service:
         )
         self.pending = Gauge(
             "context_assembler_http_pending_requests",
-            "Requests holding a pending slot, by stage: reading the body, or at the engine.",
+            "Requests by stage: reading the body, or waiting for or at the engine.",
             ["stage"], registry=registry,
+        )
+        self.body_bytes = Gauge(
+            "context_assembler_http_body_bytes",
+            "Bytes of request bodies held: read so far, or waiting for the engine.",
+            registry=registry,
         )
 
 
@@ -99,18 +109,52 @@ def body(assembly: Assembly) -> bytes:
     return b'{"prompt":' + encode(assembly.prompt) + b',"audit":' + encode(assembly.audit) + b"}"
 
 
-def cut(text: str, limit: int) -> str:
+def _cut(text: str, limit: int) -> str:
     """`text`, or its first `limit` characters and how long it was."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _rejection(rejected: RejectedInput, status: int) -> web.Response:
-    payload = {"reason": rejected.reason.value, "message": cut(rejected.message, MESSAGE_CHARS),
+    payload = {"reason": rejected.reason.value, "message": _cut(rejected.message, MESSAGE_CHARS),
                "request_id": rejected.request_id}
     return web.json_response(payload, status=status)
 
 
-class Refused(Exception):
+class _Busy(Exception):
+    """Back-pressure: the engine's queue is full, or the bodies held are."""
+
+
+class _BodyBytes:
+    """The bytes of request bodies held at once, taken as they arrive (not as announced), so
+    a client that stalls holds only what it sent; a request that would pass the capacity
+    is busy."""
+
+    def __init__(self, capacity: int, gauge: Gauge) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self._gauge = gauge
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[Callable[[int], None]]:
+        """`take(size)` for one request's body; all it took is given back on leaving."""
+        taken = 0
+
+        def take(size: int) -> None:
+            nonlocal taken
+            if self.held + size > self.capacity:
+                raise _Busy
+            self.held += size
+            taken += size
+            self._gauge.set(self.held)
+
+        try:
+            yield take
+        finally:
+            self.held -= taken
+            self._gauge.set(self.held)
+
+
+class _Refused(Exception):
     """A request answered before the engine sees it: its status and why."""
 
     def __init__(self, status: int, rejected: RejectedInput) -> None:
@@ -120,7 +164,7 @@ class Refused(Exception):
 
 
 def _header(request: web.BaseRequest, name: str) -> str:
-    return repr(cut(request.headers.get(name, ""), QUOTED_CHARS))
+    return repr(_cut(request.headers.get(name, ""), QUOTED_CHARS))
 
 
 def _refuse_non_json(request: web.BaseRequest) -> None:
@@ -132,12 +176,12 @@ def _refuse_non_json(request: web.BaseRequest) -> None:
     json_kind = kind == JSON or (kind.startswith("application/") and kind.endswith("+json"))
     if json_kind and (request.charset or "utf-8").lower() == "utf-8":
         return
-    raise Refused(415, RejectedInput(
+    raise _Refused(415, RejectedInput(
         RejectReason.JSON, f"Content-Type {_header(request, hdrs.CONTENT_TYPE)} is not JSON in "
         f"UTF-8; send {JSON}"))
 
 
-def _oversized(request: web.BaseRequest, limit: int, read: bool) -> Refused:
+def _oversized(request: web.BaseRequest, limit: int, read: bool) -> _Refused:
     """413, with the figure that is true of this body: its announced length, else the limit
     that reading it passed (after decoding, for a compressed body)."""
     length = request.content_length
@@ -148,12 +192,13 @@ def _oversized(request: web.BaseRequest, limit: int, read: bool) -> Refused:
         size = f"over max_event_bytes={limit} (sent without a Content-Length: reading stopped)"
     else:
         size = f"{length} bytes, over max_event_bytes={limit}"
-    return Refused(413, RejectedInput(RejectReason.LIMITS, f"body is {size}"))
+    return _Refused(413, RejectedInput(RejectReason.LIMITS, f"body is {size}"))
 
 
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
+async def _read_body(request: web.BaseRequest, limit: int, take: Callable[[int], None]) -> bytes:
     """The body, without a byte-order mark opening it (as the file mode drops one opening a
-    file), or Refused once it is over `limit` bytes: the rest is never read."""
+    file), or _Refused once it is over `limit` bytes: the rest is never read. Each part is
+    `take`n as it arrives."""
     allowed = limit + len(BOM)
     if request.content_length is not None and request.content_length > allowed:
         raise _oversized(request, limit, read=False)
@@ -164,13 +209,14 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
             size += len(part)
             if size > allowed:
                 raise _oversized(request, limit, read=True)
+            take(len(part))
             parts.append(part)
     except (web.RequestPayloadError, HttpProcessingError) as error:
-        raise Refused(400, RejectedInput(
+        raise _Refused(400, RejectedInput(
             RejectReason.JSON, f"the body cannot be read: its chunked or Content-Encoding "
             f"framing is broken ({type(error).__name__})")) from None
     except ConnectionResetError:
-        raise Refused(400, RejectedInput(
+        raise _Refused(400, RejectedInput(
             RejectReason.JSON, "the connection closed before the body was complete")) from None
     raw = b"".join(parts).removeprefix(BOM)
     if len(raw) > limit:
@@ -178,7 +224,7 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     return raw
 
 
-def valid_traceparent(given: str) -> str | None:
+def _valid_traceparent(given: str) -> str | None:
     """`given` if it is a W3C traceparent a tracer would continue (not version ff, no
     all-zero id); None otherwise, so a forged one is never echoed or logged."""
     found = _TRACEPARENT.fullmatch(given)
@@ -197,7 +243,9 @@ class Endpoint:
         self.service = service
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._openapi = json.dumps(openapi(), sort_keys=True).encode()
-        self._pending = 0
+        self._waiting = 0  # requests whose body has arrived, waiting for or at the engine
+        room = service.max_pending * (service.limits.max_event_bytes + len(BOM))
+        self._bodies = _BodyBytes(room, service.body_bytes)
 
     def _handle(self, raw: bytes) -> tuple[Assembly | RejectedInput, bytes, int, int]:
         """In the engine thread: the outcome, the response body if assembled, and when the
@@ -212,30 +260,29 @@ class Endpoint:
     def _rejected(self, rejected: RejectedInput, status: int, seconds: float,
                   trace: str | None) -> web.Response:
         self.service.metrics.observe(None, rejected, seconds, dead_lettered=False)
-        log.warning("rejected request: %s", cut(rejected.message, MESSAGE_CHARS),
+        log.warning("rejected request: %s", _cut(rejected.message, MESSAGE_CHARS),
                     extra={"request_id": rejected.request_id, "reason": rejected.reason,
                            "traceparent": trace})
         return _rejection(rejected, status)
 
-    async def assemble(self, request: web.Request) -> web.Response:
-        if self._pending >= self.service.max_pending:
-            self.service.busy.inc()
-            log.warning("busy: %d requests pending", self._pending)
-            return web.json_response(
-                {"message": f"busy: {self._pending} requests pending; retry shortly"},
-                status=503, headers={"Retry-After": "1"},
-            )
-        self._pending += 1
-        try:
-            return await self._assemble(request)
-        finally:
-            self._pending -= 1
+    def _busy(self) -> web.Response:
+        self.service.busy.inc()
+        log.warning("busy: %d requests pending, %d bytes of bodies held", self._waiting,
+                    self._bodies.held)
+        return web.json_response(
+            {"message": f"busy: {self._waiting} requests pending; retry shortly"},
+            status=503, headers={"Retry-After": "1"},
+        )
 
-    async def _assemble(self, request: web.Request) -> web.Response:
+    def _engine_full(self) -> None:
+        if self._waiting >= self.service.max_pending:
+            raise _Busy
+
+    async def assemble(self, request: web.Request) -> web.Response:
         tracing = self.service.tracing
         span = (tracing.begin_request(request.method, ASSEMBLE_PATH, request.headers,
                                       time.time_ns()) if tracing.enabled else None)
-        trace = valid_traceparent(request.headers.get("traceparent", ""))
+        trace = _valid_traceparent(request.headers.get("traceparent", ""))
         outcome, response = await self._respond(request, trace)
         if trace is not None:
             response.headers["traceparent"] = trace
@@ -255,18 +302,21 @@ class Endpoint:
     ) -> tuple[tuple[Assembly | RejectedInput, bytes, int, int] | None, web.Response]:
         """The engine's outcome (None: refused before the engine) and the response."""
         service = self.service
-        try:
-            _refuse_non_json(request)
-            with service.pending.labels("reading").track_inprogress():
-                async with asyncio.timeout(service.body_timeout):
-                    raw = await read_body(request, service.limits.max_event_bytes)
-        except Refused as refused:
-            return None, self._rejected(refused.rejected, refused.status, 0.0, trace)
-        except TimeoutError:
-            return None, self._too_slow(trace)
-        loop = asyncio.get_running_loop()
-        with service.pending.labels("engine").track_inprogress():
-            outcome = await loop.run_in_executor(self._executor, self._handle, raw)
+        with self._bodies.holding() as take:
+            try:
+                self._engine_full()  # refused unread while the engine is that far behind
+                _refuse_non_json(request)
+                with service.pending.labels("reading").track_inprogress():
+                    async with asyncio.timeout(service.body_timeout):
+                        raw = await _read_body(request, service.limits.max_event_bytes, take)
+                self._engine_full()
+            except _Busy:
+                return None, self._busy()
+            except _Refused as refused:
+                return None, self._rejected(refused.rejected, refused.status, 0.0, trace)
+            except TimeoutError:
+                return None, self._too_slow(trace)
+            outcome = await self._engine(raw)
         result, data, started, ended = outcome
         seconds = (ended - started) / 1e9
         if isinstance(result, RejectedInput):
@@ -277,8 +327,17 @@ class Endpoint:
                                       "traceparent": trace})
         return outcome, web.Response(body=data, content_type=JSON)
 
+    async def _engine(self, raw: bytes) -> tuple[Assembly | RejectedInput, bytes, int, int]:
+        self._waiting += 1
+        try:
+            with self.service.pending.labels("engine").track_inprogress():
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self._executor, self._handle, raw)
+        finally:
+            self._waiting -= 1
+
     def _too_slow(self, trace: str | None) -> web.Response:
-        """408: counted as a slow client, not as a rejected event or back-pressure."""
+        """408: counted as a slow client, apart from rejected events and back-pressure."""
         seconds = self.service.body_timeout
         self.service.slow_clients.inc()
         log.warning("slow client: body not complete %g s after its head", seconds,
