@@ -557,3 +557,19 @@ async def test_an_answer_is_a_small_multiple_of_its_request(
     status, body, _ = await post(url, data)
     assert status == 200
     assert len(body) <= 8 * len(data) + 16 * 1024
+
+
+async def test_an_unexpected_error_answering_is_a_500_in_the_rejection_shape(
+    served: tuple[Service, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = served
+
+    async def broken(*_: object) -> None:
+        raise LookupError("a secret of the server's")
+
+    monkeypatch.setattr("worker.serve.app.Endpoint._respond", broken)
+    status, body, headers = await post(url, GOOD)
+    assert status == 500 and headers["Content-Type"].startswith(JSON)
+    error = json.loads(body)
+    assert error == {"reason": "engine", "message": "unexpected error (LookupError); it is in the "
+                     "server's log", "request_id": None}
