@@ -4,10 +4,12 @@ a JSON reason for every rejection, the worker's metrics, and its OpenAPI documen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import io
 import json
 import logging
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -29,7 +31,7 @@ from worker.intake.codec import Limits
 from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry, build_registry
 from worker.kafka.observability.tracing import Tracing
-from worker.serve.app import JSON, MESSAGE_CHARS, Server, Service
+from worker.serve.app import JSON, MESSAGE_CHARS, Server, Service, body
 
 LIMITS = Limits(max_event_bytes=64 * 1024, max_chunks=20, max_chunk_chars=5000)
 LINES = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
@@ -573,3 +575,31 @@ async def test_an_unexpected_error_answering_is_a_500_in_the_rejection_shape(
     error = json.loads(body)
     assert error == {"reason": "engine", "message": "unexpected error (LookupError); it is in the "
                      "server's log", "request_id": None}
+
+
+async def test_a_client_that_does_not_read_its_answer_is_cut_off() -> None:
+    service = Service(build_registry(None, ["window-8k"]), Limits(), body_timeout=2.0)
+    event = adversarial(chunk_id="k" * 1000, chunks=2000)  # an answer of megabytes
+    answer = body(assemble_bytes(event, service.registry, service.limits))
+    server = Server(service, "127.0.0.1", 0)
+    await server.start()
+    assert server.port is not None
+    loop = asyncio.get_running_loop()
+    with socket.socket() as connection:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
+        connection.setblocking(False)
+        try:
+            await loop.sock_connect(connection, ("127.0.0.1", server.port))
+            await loop.sock_sendall(connection, b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Length: %d\r\n\r\n%s" % (len(event), event))
+            slow = service.metrics.registry.get_sample_value
+            await until(lambda: slow("context_assembler_http_slow_clients_total") == 1, 60)
+            received = 0
+            with contextlib.suppress(ConnectionResetError):
+                async with asyncio.timeout(30):
+                    while part := await loop.sock_recv(connection, 1 << 16):
+                        received += len(part)
+            assert 0 < received < len(answer)  # the rest never held for it
+            assert service.metrics.registry.get_sample_value("context_assembler_http_body_bytes") == 0
+        finally:
+            await server.stop()

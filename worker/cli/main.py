@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="requests waiting for the engine at once, and bodies held of this "
                       "many times --max-event-bytes; more get 503 (default: 64)")
     http.add_argument("--body-timeout", type=seconds, default=10.0,
-                      help="seconds a request body may take to arrive after its head; a "
-                      "slower client gets 408 (default: 10)")
+                      help="seconds a request body may take to arrive after its head (a "
+                      "slower client gets 408), and its answer to be read (default: 10)")
     http.add_argument("--idle-timeout", type=seconds, default=75.0,
                       help="seconds a connection may wait for a complete request head, idle "
                       "or slow, before it is closed; behind a load balancer, set it above the "

@@ -84,7 +84,8 @@ class Service:
         registry = self.metrics.registry
         self.slow_clients = Counter(
             "context_assembler_http_slow_clients_total",
-            "Requests whose body did not arrive within the body timeout (answered 408).",
+            "Requests whose body did not arrive, or whose response was not read, within the "
+            "body timeout (408, or the connection closed).",
             registry=registry,
         )
         self.busy = Counter(
@@ -283,9 +284,11 @@ class Endpoint:
         span = (tracing.begin_request(request.method, ASSEMBLE_PATH, request.headers,
                                       time.time_ns()) if tracing.enabled else None)
         trace = _valid_traceparent(request.headers.get("traceparent", ""))
-        outcome, response = await self._respond(request, trace)
-        if trace is not None:
-            response.headers["traceparent"] = trace
+        with self._bodies.holding() as take:
+            outcome, response = await self._respond(request, trace, take)
+            if trace is not None:
+                response.headers["traceparent"] = trace
+            await self._send(request, response)
         if span is not None:
             if outcome is not None:
                 result, _, started, ended = outcome
@@ -298,25 +301,24 @@ class Endpoint:
         return response
 
     async def _respond(
-        self, request: web.Request, trace: str | None
+        self, request: web.Request, trace: str | None, take: Callable[[int], None]
     ) -> tuple[tuple[Assembly | RejectedInput, bytes, int, int] | None, web.Response]:
         """The engine's outcome (None: refused before the engine) and the response."""
         service = self.service
-        with self._bodies.holding() as take:
-            try:
-                self._engine_full()  # refused unread while the engine is that far behind
-                _refuse_non_json(request)
-                with service.pending.labels("reading").track_inprogress():
-                    async with asyncio.timeout(service.body_timeout):
-                        raw = await _read_body(request, service.limits.max_event_bytes, take)
-                self._engine_full()
-            except _Busy:
-                return None, self._busy()
-            except _Refused as refused:
-                return None, self._rejected(refused.rejected, refused.status, 0.0, trace)
-            except TimeoutError:
-                return None, self._too_slow(trace)
-            outcome = await self._engine(raw)
+        try:
+            self._engine_full()  # refused unread while the engine is that far behind
+            _refuse_non_json(request)
+            with service.pending.labels("reading").track_inprogress():
+                async with asyncio.timeout(service.body_timeout):
+                    raw = await _read_body(request, service.limits.max_event_bytes, take)
+            self._engine_full()
+        except _Busy:
+            return None, self._busy()
+        except _Refused as refused:
+            return None, self._rejected(refused.rejected, refused.status, 0.0, trace)
+        except TimeoutError:
+            return None, self._too_slow(trace)
+        outcome = await self._engine(raw)
         result, data, started, ended = outcome
         seconds = (ended - started) / 1e9
         if isinstance(result, RejectedInput):
@@ -335,6 +337,20 @@ class Endpoint:
                 return await loop.run_in_executor(self._executor, self._handle, raw)
         finally:
             self._waiting -= 1
+
+    async def _send(self, request: web.Request, response: web.Response) -> None:
+        """Write the response while the request's bytes are still held, within body_timeout:
+        a client that reads it slower is cut off, so answers nobody reads cannot pile up."""
+        try:
+            async with asyncio.timeout(self.service.body_timeout):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            self.service.slow_clients.inc()
+            log.warning("slow client: response not read within %g s; connection closed",
+                        self.service.body_timeout)
+            if request.transport is not None:
+                request.transport.abort()
 
     def _too_slow(self, trace: str | None) -> web.Response:
         """408: counted as a slow client, apart from rejected events and back-pressure."""
