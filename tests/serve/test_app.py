@@ -39,14 +39,22 @@ GOOD = LINES[1]  # q30-customer
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[Service, str]]:
-    service = Service(build_registry(None, ["window-8k"]), LIMITS)
-    server = Server(service, "127.0.0.1", 0)
-    await server.start()
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Service, Server]]:
+    """A server on a free port; parametrized `indirect`, the param is the Service's options."""
+    options: dict[str, Any] = getattr(request, "param", {})
+    service = Service(build_registry(None, ["window-8k"]), LIMITS, **options)
+    running = Server(service, "127.0.0.1", 0)
+    await running.start()
     try:
-        yield service, f"http://127.0.0.1:{server.port}"
+        yield service, running
     finally:
-        await server.stop()
+        await running.stop()
+
+
+@pytest.fixture
+def served(server: tuple[Service, Server]) -> tuple[Service, str]:
+    service, running = server
+    return service, f"http://127.0.0.1:{running.port}"
 
 
 async def post(url: str, data: bytes, **headers: str) -> tuple[int, bytes, dict[str, str]]:
@@ -317,17 +325,6 @@ async def raw_exchange(port: int, data: bytes) -> bytes:
         writer.close()
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[Service, Server]]:
-    service = Service(build_registry(None, ["window-8k"]), LIMITS)
-    running = Server(service, "127.0.0.1", 0)
-    await running.start()
-    try:
-        yield service, running
-    finally:
-        await running.stop()
-
-
 def head_and_body(answer: bytes) -> tuple[bytes, dict[str, str], bytes]:
     head, _, body = answer.partition(b"\r\n\r\n")
     status, *lines = head.decode().split("\r\n")
@@ -464,31 +461,19 @@ async def until(condition: Callable[[], bool], seconds: float = 30) -> None:
             await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-async def slow_server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Service, Server]]:
-    """A server whose bodies must arrive within a few seconds (`body_timeout` by param)."""
-    service = Service(build_registry(None, ["window-8k"]), LIMITS, **request.param)
-    running = Server(service, "127.0.0.1", 0)
-    await running.start()
-    try:
-        yield service, running
-    finally:
-        await running.stop()
-
-
-@pytest.mark.parametrize("slow_server", [{"body_timeout": 4.0}], indirect=True)
+@pytest.mark.parametrize("server", [{"body_timeout": 4.0}], indirect=True)
 async def test_stalled_bodies_cannot_starve_the_endpoint_and_get_408(
-    slow_server: tuple[Service, Server],
+    server: tuple[Service, Server],
 ) -> None:
-    service, server = slow_server
-    assert server.port is not None
+    service, running = server
+    assert running.port is not None
     samples = service.metrics.registry.get_sample_value
     reading = {"stage": "reading"}
-    connections = [await stall(server.port) for _ in range(STALLED)]
+    connections = [await stall(running.port) for _ in range(STALLED)]
     try:
         await until(lambda: samples("context_assembler_http_pending_requests", reading) == STALLED)
         for _ in range(3):  # as many stalled bodies as --max-pending hold no slot
-            assert (await post(f"http://127.0.0.1:{server.port}", GOOD))[0] == 200
+            assert (await post(f"http://127.0.0.1:{running.port}", GOOD))[0] == 200
         assert samples("context_assembler_http_pending_requests", reading) == STALLED
         for reader, _ in connections:
             status, error = await answer_on(reader)
@@ -502,20 +487,20 @@ async def test_stalled_bodies_cannot_starve_the_endpoint_and_get_408(
             writer.close()
 
 
-@pytest.mark.parametrize("slow_server", [{"body_timeout": 2.0, "max_pending": 1}], indirect=True)
+@pytest.mark.parametrize("server", [{"body_timeout": 2.0, "max_pending": 1}], indirect=True)
 async def test_the_bodies_held_at_once_are_bounded_in_bytes_as_they_arrive(
-    slow_server: tuple[Service, Server],
+    server: tuple[Service, Server],
 ) -> None:
-    service, server = slow_server  # room for 1 x 64 KiB of bodies
-    assert server.port is not None
+    service, running = server  # room for 1 x 64 KiB of bodies
+    assert running.port is not None
     held = service.metrics.registry.get_sample_value
-    first = await stall(server.port, b" " * 40_000, 60_000)
+    first = await stall(running.port, b" " * 40_000, 60_000)
     await until(lambda: held("context_assembler_http_body_bytes") == 40_000)
-    second = await stall(server.port, b" " * 40_000, 60_000)
+    second = await stall(running.port, b" " * 40_000, 60_000)
     try:
         status, busy = await answer_on(second[0])
         assert status == 503 and "busy" in busy["message"]
-        assert (await post(f"http://127.0.0.1:{server.port}", GOOD))[0] == 200  # room for it
+        assert (await post(f"http://127.0.0.1:{running.port}", GOOD))[0] == 200  # room for it
         assert (await answer_on(first[0]))[0] == 408
         assert held("context_assembler_http_body_bytes") == 0
     finally:
@@ -523,20 +508,17 @@ async def test_the_bodies_held_at_once_are_bounded_in_bytes_as_they_arrive(
         second[1].close()
 
 
-async def test_a_connection_that_never_finishes_its_head_is_closed_without_a_slot() -> None:
-    service = Service(build_registry(None, ["window-8k"]), LIMITS, max_pending=1,
-                      idle_timeout=0.5)
-    server = Server(service, "127.0.0.1", 0)
-    await server.start()
-    assert server.port is not None
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\n")  # and no blank line
-        assert (await post(f"http://127.0.0.1:{server.port}", GOOD))[0] == 200
-        assert await asyncio.wait_for(reader.read(), 30) == b""  # closed by the server
-        writer.close()
-    finally:
-        await server.stop()
+@pytest.mark.parametrize("server", [{"max_pending": 1, "idle_timeout": 0.5}], indirect=True)
+async def test_a_connection_that_never_finishes_its_head_is_closed_without_a_slot(
+    server: tuple[Service, Server],
+) -> None:
+    _, running = server
+    assert running.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+    writer.write(b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\n")  # and no blank line
+    assert (await post(f"http://127.0.0.1:{running.port}", GOOD))[0] == 200
+    assert await asyncio.wait_for(reader.read(), 30) == b""  # closed by the server
+    writer.close()
 
 
 def adversarial(request_id: str = "r", chunk_id: str = "c", chunks: int = 20) -> bytes:

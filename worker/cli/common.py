@@ -10,10 +10,11 @@ import argparse
 import contextlib
 import functools
 import io
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, TypeVar
 
 from pydantic import ValidationError
 
@@ -22,6 +23,8 @@ from worker import filemode
 from worker.diagnose.explain import UnusableInput, printable
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Limits
+
+_Number = TypeVar("_Number", int, float)
 
 
 class UsageError(ContextAssemblerError):
@@ -113,34 +116,30 @@ def note(text: str) -> None:
 # Options every command that reads events has.
 
 
-def positive(text: str) -> int:
+def _number(text: str, parse: Callable[[str], _Number], fits: Callable[[_Number], bool],
+            expected: str) -> _Number:
+    """`text` as a number that fits, or the option's usage error (exit 2)."""
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number")
+        value = None
+    if value is None or not fits(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
     return value
+
+
+def positive(text: str) -> int:
+    return _number(text, int, lambda value: value >= 1, "a positive whole number")
 
 
 def port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a port, 0 to 65535 (0: any free one)")
-    return value
+    return _number(text, int, lambda value: 0 <= value <= 65535,
+                   "a port, 0 to 65535 (0: any free one)")
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
-    return value
+    return _number(text, float, lambda value: 0 < value < math.inf,
+                   "a positive number of seconds")
 
 
 def add_limits(parser: argparse.ArgumentParser) -> None:

@@ -8,10 +8,11 @@ one chunk past it, so an oversized body is never held in memory.
 
 Slow clients cannot hold the endpoint: the bodies held at once are bounded in bytes as they
 arrive, not by how many requests are reading, so a client that stalls holds only what it
-sent; a body must arrive within `body_timeout` of its head (else 408), and a connection must
-send a complete request head within `idle_timeout` of opening or of its last response (else
-it is closed). Every answer, aiohttp's own 400s included, is JSON in one shape, and quotes an
-untrusted string only cut to a fixed length.
+sent; a body must arrive within `body_timeout` of its head (else 408) and its answer be read
+within as long again (else the connection is closed), and a connection must send a complete
+request head within `idle_timeout` of opening or of its last response (else it is closed).
+Every answer, aiohttp's own 400s included, is JSON in one shape, and quotes an untrusted
+string only cut to a fixed length.
 """
 
 from __future__ import annotations
