@@ -201,13 +201,21 @@ def openapi() -> dict[str, Any]:
                 "responses": {
                     "200": {"description": "Assembled.", "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/Assembled"}}}},
-                    "400": _error("Not UTF-8 or not strict JSON (reason json)."),
-                    "413": _error("Body over max_event_bytes (reason limits)."),
+                    "400": _error("Not valid HTTP, a body whose chunked or gzip framing is "
+                                  "broken, not UTF-8 or not strict JSON (reason json)."),
+                    "408": _error("The body did not arrive within the body timeout of the "
+                                  "request's head (reason limits)."),
+                    "413": _error("Body over max_event_bytes, after any Content-Encoding is "
+                                  "decoded; a byte-order mark opening it is not counted "
+                                  "(reason limits)."),
+                    "415": _error("Content-Type is not JSON in UTF-8 (reason json); none "
+                                  "is taken for application/json."),
                     "422": _error("Valid JSON that cannot be assembled: schema, limits, a "
                                   "policy not allowed, a question over the window (budget)."),
                     "500": _error("A bug in the engine (reason engine)."),
-                    "503": {"description": "Busy: max_pending requests are pending; retry "
-                            "after the Retry-After header's seconds.", "content": {
+                    "503": {"description": "Busy: max_pending requests wait for the "
+                            "engine, or the bodies held fill their room; retry after the "
+                            "Retry-After header's seconds.", "content": {
                                 "application/json": {"schema": {
                                     "type": "object", "required": ["message"],
                                     "properties": {"message": {"type": "string"}}}}}},

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,46 @@ def test_a_missing_vocabulary_stops_the_command_before_reading(
     err = capsys.readouterr().err
     assert "context-assembler: tokenizer vocabulary 'cl100k_base' is not available offline" in err
     assert not (tmp_path / "o").exists()
+
+
+def run_without(stream: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` started with one standard stream closed (`<&-`, `>&-` or `2>&-`)."""
+    redirect = {"stdin": "<&-", "stdout": ">&-", "stderr": "2>&-"}[stream]
+    return subprocess.run(["sh", "-c", f'exec "$0" "$@" {redirect}', sys.executable, *args],
+                          capture_output=True, stdin=subprocess.DEVNULL, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("stream", "args"),
+    [("stdin", ["assemble"]), ("stdout", ["assemble", str(EVENTS)]),
+     ("stdout", ["explain", "--events", str(EVENTS)])],
+)
+def test_a_closed_stream_the_command_needs_is_named_with_status_2(
+    stream: str, args: list[str]
+) -> None:
+    done = run_without(stream, "-m", "worker.cli", *args)
+    assert done.returncode == 2
+    assert done.stderr == (f"context-assembler: {stream} is closed (the command was started "
+                           "without it); open it, or name a file instead\n")
+
+
+def test_with_stderr_closed_nothing_but_outputs_reaches_stdout(tmp_path: Path) -> None:
+    refused = run_without("stderr", "-m", "worker.cli", "assemble", str(EVENTS))
+    assert (refused.returncode, refused.stdout) == (2, "")  # error records go to stderr
+    errors = tmp_path / "errors.jsonl"
+    done = run_without("stderr", "-m", "worker.cli", "assemble", str(EVENTS),
+                       "--errors", str(errors))
+    assert done.returncode == 1  # as with stderr open: one line of the examples is refused
+    assert [json.loads(line)["request_id"] for line in done.stdout.splitlines()] == [
+        json.loads(line)["request_id"] for line in EVENTS.read_text().splitlines()[:7]]
+    assert len(errors.read_text().splitlines()) == 1
+
+
+def test_a_file_opened_with_stdout_closed_does_not_take_its_number(tmp_path: Path) -> None:
+    out = tmp_path / "fd"
+    opens = ("import os\nfrom worker.cli.common import stand_in_for_closed_streams\n"
+             "stand_in_for_closed_streams()\n"
+             f"fd = os.open({str(out)!r}, os.O_WRONLY | os.O_CREAT)\n"
+             "os.write(fd, str(fd).encode())\n")
+    assert run_without("stdout", "-c", opens).returncode == 0
+    assert int(out.read_text()) > 2

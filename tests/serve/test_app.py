@@ -4,11 +4,16 @@ a JSON reason for every rejection, the worker's metrics, and its OpenAPI documen
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gzip
 import io
 import json
+import logging
+import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+from unittest import mock
 
 import aiohttp
 import pytest
@@ -21,11 +26,12 @@ from tests.factories import EXAMPLES
 from tests.test_layers import PROJECT_IMPORTS
 from worker import filemode
 from worker.engine import Assembly
+from worker.filemode import BOM
 from worker.intake.codec import Limits
 from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry, build_registry
 from worker.kafka.observability.tracing import Tracing
-from worker.serve.app import Server, Service
+from worker.serve.app import JSON, MESSAGE_CHARS, Server, Service, body
 
 LIMITS = Limits(max_event_bytes=64 * 1024, max_chunks=20, max_chunk_chars=5000)
 LINES = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
@@ -33,19 +39,28 @@ GOOD = LINES[1]  # q30-customer
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[Service, str]]:
-    service = Service(build_registry(None, ["window-8k"]), LIMITS)
-    server = Server(service, "127.0.0.1", 0)
-    await server.start()
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Service, Server]]:
+    """A server on a free port; parametrized `indirect`, the param is the Service's options."""
+    options: dict[str, Any] = getattr(request, "param", {})
+    service = Service(build_registry(None, ["window-8k"]), LIMITS, **options)
+    running = Server(service, "127.0.0.1", 0)
+    await running.start()
     try:
-        yield service, f"http://127.0.0.1:{server.port}"
+        yield service, running
     finally:
-        await server.stop()
+        await running.stop()
+
+
+@pytest.fixture
+def served(server: tuple[Service, Server]) -> tuple[Service, str]:
+    service, running = server
+    return service, f"http://127.0.0.1:{running.port}"
 
 
 async def post(url: str, data: bytes, **headers: str) -> tuple[int, bytes, dict[str, str]]:
+    """A POST declaring JSON unless `headers` say otherwise (aiohttp would say octet-stream)."""
     async with aiohttp.ClientSession() as session, session.post(
-        f"{url}/v1/assemble", data=data, headers=headers
+        f"{url}/v1/assemble", data=data, headers={"Content-Type": JSON, **headers}
     ) as response:
         return response.status, await response.read(), dict(response.headers)
 
@@ -71,7 +86,7 @@ async def test_every_example_gives_the_file_modes_bytes(served: tuple[Service, s
     expected = file_mode(["window-8k"])
     assert len(expected) == len(LINES) == 8
     for line, want in zip(LINES, expected, strict=True):
-        status, body, headers = await post(url, line, **{"Content-Type": "application/json"})
+        status, body, headers = await post(url, line)
         assert (status, body) == (200, want)
         assert headers["Content-Type"].startswith("application/json")
         parsed = json.loads(body)
@@ -121,12 +136,26 @@ async def test_an_oversized_chunked_body_is_refused_without_a_length(
             yield b" " * 1024
 
     async with aiohttp.ClientSession() as session, session.post(
-        f"{url}/v1/assemble", data=stream()
+        f"{url}/v1/assemble", data=stream(), headers={"Content-Type": JSON}
     ) as response:
         assert response.status == 413
         error = await response.json()
     assert error["reason"] == "limits"
-    assert "longer" in error["message"]
+    assert error["message"] == ("body is over max_event_bytes=65536 (sent without a "
+                                "Content-Length: reading stopped)")
+
+
+async def test_a_gzip_body_over_the_limit_once_decoded_is_refused_with_that_figure(
+    served: tuple[Service, str],
+) -> None:
+    _, url = served
+    packed = gzip.compress(b" " * (64 * 1024 + 1))  # a few hundred bytes on the wire
+    status, body, _ = await post(url, packed, **{"Content-Encoding": "gzip"})
+    error = json.loads(body)
+    assert (status, error["reason"]) == (413, "limits")
+    assert error["message"] == ("body is over max_event_bytes=65536 once decoded "
+                                "(Content-Encoding 'gzip')")
+    assert str(len(packed)) not in error["message"]
 
 
 async def test_an_engine_bug_is_a_500_and_the_next_request_is_served(
@@ -227,7 +256,7 @@ def test_the_openapi_document_names_the_contracts_models() -> None:
     assembled = document["components"]["schemas"]["Assembled"]["properties"]
     assert assembled == {"prompt": {"$ref": "#/components/schemas/AssembledPrompt"},
                          "audit": {"$ref": "#/components/schemas/AssemblyAudit"}}
-    assert {"200", "400", "413", "422"} <= set(operation["responses"])
+    assert {"200", "400", "408", "413", "415", "422", "503"} <= set(operation["responses"])
     for ref in _refs(document):  # every reference resolves inside the document
         target: Any = document
         for part in ref.removeprefix("#/").split("/"):
@@ -284,3 +313,275 @@ async def test_each_request_is_a_server_span_under_the_callers_trace() -> None:
     assert [step.parent.span_id for step in steps if step.parent] == [
         good.context.span_id, bad.context.span_id,
     ]
+
+
+async def raw_exchange(port: int, data: bytes) -> bytes:
+    """`data` as it is on one connection, then what the server answers until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        return await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+
+
+def head_and_body(answer: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    headers = {name.lower(): value for name, _, value in (line.partition(": ") for line in lines)}
+    return status.encode(), headers, body
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"GARBAGE /v1/assemble HTTP/1.1\r\nHost: x\r\n\r\n",
+     b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\nContent-Length: lots\r\n\r\n",
+     b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\nX-Long: " + b"y" * 9000 + b"\r\n\r\n",
+     b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"],
+    ids=["method", "content-length", "long-header", "chunk-size"],
+)
+async def test_a_request_aiohttp_cannot_parse_gets_the_rejection_shape(
+    server: tuple[Service, Server], request_bytes: bytes
+) -> None:
+    _, running = server
+    assert running.port is not None
+    status, headers, body = head_and_body(await raw_exchange(running.port, request_bytes))
+    assert status.split()[1] == b"400", status
+    assert headers["content-type"].startswith("application/json")
+    error = json.loads(body)
+    assert set(error) == {"reason", "message", "request_id"}
+    assert error["reason"] == "json"
+    for quoted in (b"GARBAGE", b"lots", b"yyyy", b"zz"):  # never the request's own bytes
+        assert quoted.decode() not in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [("text/plain", 415), ("application/x-www-form-urlencoded", 415),
+     ("application/octet-stream", 415), ("application/json; charset=utf-16", 415),
+     ("application/json; charset=UTF-8", 200), ("application/problem+json", 200), (None, 200)],
+)
+async def test_only_a_body_declared_as_json_is_assembled(
+    served: tuple[Service, str], content_type: str | None, status: int
+) -> None:
+    _, url = served
+    async with aiohttp.ClientSession() as session, session.post(
+        f"{url}/v1/assemble", data=GOOD,
+        headers={"Content-Type": content_type} if content_type else {},
+        skip_auto_headers=["Content-Type"],
+    ) as response:
+        assert response.status == status
+        answer = await response.json()
+    if status == 415:
+        assert answer["reason"] == "json"
+        assert "send application/json" in answer["message"]
+
+
+async def test_a_bom_opening_the_body_is_dropped_as_the_file_mode_drops_it(
+    served: tuple[Service, str],
+) -> None:
+    _, url = served
+    expected = file_mode(["window-8k"])[1]
+    assert await post(url, BOM + GOOD) == (200, expected, mock.ANY)
+    status, body, _ = await post(url, b" " + BOM + GOOD)  # only where the body opens
+    assert (status, json.loads(body)["reason"]) == (400, "json")
+    # the mark is not counted against max_event_bytes, as on a file's first line
+    padded = GOOD + b" " * (64 * 1024 - len(GOOD))
+    assert (await post(url, BOM + padded))[0] == 200
+    assert (await post(url, BOM + padded + b" "))[0] == 413
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["00-not-a-trace", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+     "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+     "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+     "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01", "00-" + "a" * 5000],
+    ids=["garbage", "version-ff", "zero-trace", "zero-parent", "upper-case", "long"],
+)
+async def test_an_invalid_traceparent_is_neither_echoed_nor_logged(
+    served: tuple[Service, str], caplog: pytest.LogCaptureFixture, given: str
+) -> None:
+    _, url = served
+    with caplog.at_level(logging.DEBUG, "worker.serve.app"):
+        status, _, headers = await post(url, b"{bad", traceparent=given)
+    assert status == 400
+    assert "traceparent" not in headers
+    assert [getattr(record, "traceparent", None) for record in caplog.records] == [None]
+
+
+async def test_a_rejection_quotes_at_most_a_kib_of_the_request(
+    served: tuple[Service, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, url = served
+    key = "k" * 50_000
+    cases = [
+        (b'{"request_id": "r", "question": "q", "' + key.encode() + b'": 1, "'
+         + key.encode() + b'": 2}', {}),
+        (json.dumps({"request_id": "r", "question": "q", "policy": key}).encode(), {}),
+        (GOOD, {"Content-Type": "text/" + key}),
+        (gzip.compress(b" " * 70_000), {"Content-Encoding": "gzip, " + "br, " * 1000}),
+    ]
+    for data, headers in cases:
+        caplog.clear()
+        status, body, _ = await post(url, data, **headers)
+        assert status in (400, 413, 415, 422)
+        message = json.loads(body)["message"]
+        assert len(message) <= MESSAGE_CHARS + 40, status
+        assert len(body) <= MESSAGE_CHARS * 6 + 200  # JSON escapes, the other two fields
+        assert all(len(record.getMessage()) <= MESSAGE_CHARS + 60 for record in caplog.records)
+
+
+STALLED = 64
+
+
+async def stall(port: int, sent: bytes = b'{"request_id"', length: int = 1000
+                ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that sends a head announcing `length` bytes and only `sent` of them."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (length, sent))
+    await writer.drain()
+    return reader, writer
+
+
+async def answer_on(reader: asyncio.StreamReader) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of the response that arrives on a raw connection."""
+    async with asyncio.timeout(30):
+        head = await reader.readuntil(b"\r\n\r\n")
+        _, headers, _ = head_and_body(head)
+        body = await reader.readexactly(int(headers["content-length"]))
+    return int(head.split()[1]), json.loads(body)
+
+
+async def until(condition: Callable[[], bool], seconds: float = 30) -> None:
+    """Poll `condition` until it holds; fail after a generous `seconds`."""
+    async with asyncio.timeout(seconds):
+        while not condition():
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("server", [{"body_timeout": 4.0}], indirect=True)
+async def test_stalled_bodies_cannot_starve_the_endpoint_and_get_408(
+    server: tuple[Service, Server],
+) -> None:
+    service, running = server
+    assert running.port is not None
+    samples = service.metrics.registry.get_sample_value
+    reading = {"stage": "reading"}
+    connections = [await stall(running.port) for _ in range(STALLED)]
+    try:
+        await until(lambda: samples("context_assembler_http_pending_requests", reading) == STALLED)
+        for _ in range(3):  # as many stalled bodies as --max-pending hold no slot
+            assert (await post(f"http://127.0.0.1:{running.port}", GOOD))[0] == 200
+        assert samples("context_assembler_http_pending_requests", reading) == STALLED
+        for reader, _ in connections:
+            status, error = await answer_on(reader)
+            assert (status, error["reason"]) == (408, "limits")
+        assert samples("context_assembler_http_slow_clients_total") == STALLED
+        assert samples("context_assembler_http_busy_total") == 0  # not back-pressure
+        assert samples("context_assembler_http_pending_requests", reading) == 0
+        assert samples("context_assembler_events_total", {"outcome": "assembled"}) == 3
+    finally:
+        for _, writer in connections:
+            writer.close()
+
+
+@pytest.mark.parametrize("server", [{"body_timeout": 2.0, "max_pending": 1}], indirect=True)
+async def test_the_bodies_held_at_once_are_bounded_in_bytes_as_they_arrive(
+    server: tuple[Service, Server],
+) -> None:
+    service, running = server  # room for 1 x 64 KiB of bodies
+    assert running.port is not None
+    held = service.metrics.registry.get_sample_value
+    first = await stall(running.port, b" " * 40_000, 60_000)
+    await until(lambda: held("context_assembler_http_body_bytes") == 40_000)
+    second = await stall(running.port, b" " * 40_000, 60_000)
+    try:
+        status, busy = await answer_on(second[0])
+        assert status == 503 and "busy" in busy["message"]
+        assert (await post(f"http://127.0.0.1:{running.port}", GOOD))[0] == 200  # room for it
+        assert (await answer_on(first[0]))[0] == 408
+        assert held("context_assembler_http_body_bytes") == 0
+    finally:
+        first[1].close()
+        second[1].close()
+
+
+@pytest.mark.parametrize("server", [{"max_pending": 1, "idle_timeout": 0.5}], indirect=True)
+async def test_a_connection_that_never_finishes_its_head_is_closed_without_a_slot(
+    server: tuple[Service, Server],
+) -> None:
+    _, running = server
+    assert running.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+    writer.write(b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\n")  # and no blank line
+    assert (await post(f"http://127.0.0.1:{running.port}", GOOD))[0] == 200
+    assert await asyncio.wait_for(reader.read(), 30) == b""  # closed by the server
+    writer.close()
+
+
+def adversarial(request_id: str = "r", chunk_id: str = "c", chunks: int = 20) -> bytes:
+    """A small event whose untrusted strings an answer could copy once per chunk."""
+    return json.dumps({"request_id": request_id, "question": "what is the refund window?",
+                       "chunks": [{"chunk_id": f"{chunk_id}{i}", "text": "refunds: 30 days"}
+                                  for i in range(chunks)]}).encode()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [adversarial(request_id="r" * 20_000), adversarial(chunk_id="k" * 400),
+     adversarial(request_id="\u2028" * 2000, chunk_id="\u00e9" * 100)],
+    ids=["long-request-id", "long-chunk-ids", "escaped-characters"],
+)
+async def test_an_answer_is_a_small_multiple_of_its_request(
+    served: tuple[Service, str], data: bytes
+) -> None:
+    _, url = served
+    status, body, _ = await post(url, data)
+    assert status == 200
+    assert len(body) <= 8 * len(data) + 16 * 1024
+
+
+async def test_an_unexpected_error_answering_is_a_500_in_the_rejection_shape(
+    served: tuple[Service, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = served
+
+    async def broken(*_: object) -> None:
+        raise LookupError("a secret of the server's")
+
+    monkeypatch.setattr("worker.serve.app.Endpoint._respond", broken)
+    status, body, headers = await post(url, GOOD)
+    assert status == 500 and headers["Content-Type"].startswith(JSON)
+    error = json.loads(body)
+    assert error == {"reason": "engine", "message": "unexpected error (LookupError); it is in the "
+                     "server's log", "request_id": None}
+
+
+async def test_a_client_that_does_not_read_its_answer_is_cut_off() -> None:
+    service = Service(build_registry(None, ["window-8k"]), Limits(), body_timeout=2.0)
+    event = adversarial(chunk_id="k" * 1000, chunks=2000)  # an answer of megabytes
+    answer = body(assemble_bytes(event, service.registry, service.limits))
+    server = Server(service, "127.0.0.1", 0)
+    await server.start()
+    assert server.port is not None
+    loop = asyncio.get_running_loop()
+    with socket.socket() as connection:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
+        connection.setblocking(False)
+        try:
+            await loop.sock_connect(connection, ("127.0.0.1", server.port))
+            await loop.sock_sendall(connection, b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Length: %d\r\n\r\n%s" % (len(event), event))
+            slow = service.metrics.registry.get_sample_value
+            await until(lambda: slow("context_assembler_http_slow_clients_total") == 1, 60)
+            received = 0
+            with contextlib.suppress(ConnectionResetError):
+                async with asyncio.timeout(30):
+                    while part := await loop.sock_recv(connection, 1 << 16):
+                        received += len(part)
+            assert 0 < received < len(answer)  # the rest never held for it
+            assert service.metrics.registry.get_sample_value("context_assembler_http_body_bytes") == 0
+        finally:
+            await server.stop()

@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import io
+import math
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, TypeVar
 
 from pydantic import ValidationError
 
@@ -20,6 +23,8 @@ from worker import filemode
 from worker.diagnose.explain import UnusableInput, printable
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Limits
+
+_Number = TypeVar("_Number", int, float)
 
 
 class UsageError(ContextAssemblerError):
@@ -33,6 +38,49 @@ class NotFound(ContextAssemblerError):
 class FileError(ContextAssemblerError):
     """A file or stream the command cannot open, read or write: the OSError's message, with
     the path when the OSError does not name it."""
+
+
+class ClosedStream(FileError, OSError):
+    """A standard stream the process was started without, which the command needed."""
+
+
+class _Missing(io.TextIOBase):
+    """Stands for a standard stream the process was started without. Python leaves such a
+    stream None, and print() then writes to stdout: diagnostics among the prompts. Reading or
+    writing it is a ClosedStream, except notes on stderr, which are dropped."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.stream = name
+
+    def _closed(self) -> ClosedStream:
+        return ClosedStream(f"{self.stream} is closed (the command was started without it); "
+                            "open it, or name a file instead")
+
+    @property
+    def buffer(self) -> BinaryIO:
+        raise self._closed()
+
+    def write(self, text: str) -> int:
+        if self.stream == "stderr":
+            return len(text)  # a note with nowhere to go; never on stdout
+        raise self._closed()
+
+    def read(self, size: int | None = -1) -> str:
+        raise self._closed()
+
+
+def stand_in_for_closed_streams() -> None:
+    """Each standard stream the process was started without becomes a `_Missing`, and its
+    descriptor /dev/null, so that no file the command opens takes its number."""
+    for number, name in enumerate(("stdin", "stdout", "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        stand_in = os.open(os.devnull, os.O_RDWR)
+        if stand_in != number:
+            os.dup2(stand_in, number)
+            os.close(stand_in)
+        setattr(sys, name, _Missing(name))
 
 
 @contextlib.contextmanager
@@ -68,14 +116,30 @@ def note(text: str) -> None:
 # Options every command that reads events has.
 
 
-def positive(text: str) -> int:
+def _number(text: str, parse: Callable[[str], _Number], fits: Callable[[_Number], bool],
+            expected: str) -> _Number:
+    """`text` as a number that fits, or the option's usage error (exit 2)."""
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number")
+        value = None
+    if value is None or not fits(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
     return value
+
+
+def positive(text: str) -> int:
+    return _number(text, int, lambda value: value >= 1, "a positive whole number")
+
+
+def port(text: str) -> int:
+    return _number(text, int, lambda value: 0 <= value <= 65535,
+                   "a port, 0 to 65535 (0: any free one)")
+
+
+def seconds(text: str) -> float:
+    return _number(text, float, lambda value: 0 < value < math.inf,
+                   "a positive number of seconds")
 
 
 def add_limits(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,15 @@ from types import FrameType
 
 from worker import __version__
 from worker.cli import files, kafka
-from worker.cli.common import add_limits, add_policies, add_range, positive
+from worker.cli.common import (
+    add_limits,
+    add_policies,
+    add_range,
+    port,
+    positive,
+    seconds,
+    stand_in_for_closed_streams,
+)
 from worker.diagnose.explain import printable
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.policies import preset_names
@@ -135,12 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     http = commands.add_parser("serve", help="the HTTP endpoint: POST /v1/assemble")
     http.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (this machine only)")
-    http.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
+    http.add_argument("--port", type=port, default=8000, help="default: 8000 (0: any free port)")
     http.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                       help="JSON log lines on stderr at this level and above (default: INFO)")
     http.add_argument("--max-pending", type=positive, default=64,
-                      help="requests read or waiting for the engine at once; more get 503 "
-                      "(default: 64)")
+                      help="requests waiting for the engine at once, and bodies held of this "
+                      "many times --max-event-bytes; more get 503 (default: 64)")
+    http.add_argument("--body-timeout", type=seconds, default=10.0,
+                      help="seconds a request body may take to arrive after its head (a "
+                      "slower client gets 408), and its answer to be read (default: 10)")
+    http.add_argument("--idle-timeout", type=seconds, default=75.0,
+                      help="seconds a connection may wait for a complete request head, idle "
+                      "or slow, before it is closed; behind a load balancer, set it above the "
+                      "balancer's idle timeout (default: 75)")
     add_policies(http, policy_help)
     add_limits(http)
     http.set_defaults(handler=_serve)
@@ -195,6 +210,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stand_in_for_closed_streams()
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:

@@ -43,7 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)  # JSON lines: a rejection quotes untrusted text
     registry = build_registry(args.policy, args.allow_policy)
     tracing = Tracing.from_environment()  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
-    service = Service(registry, limits(args), tracing=tracing, max_pending=args.max_pending)
+    service = Service(registry, limits(args), tracing=tracing, max_pending=args.max_pending,
+                      body_timeout=args.body_timeout, idle_timeout=args.idle_timeout)
     server = Server(service, args.host, args.port)
     try:
         asyncio.run(_serve(server, args.host))
