@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Final
 
 from schemas.models import DropReason
 from worker.engine import facts
-from worker.engine.candidate import Candidate, Drop
+from worker.engine.candidate import Candidate, Drop, brief
 from worker.engine.policy import DedupPolicy
 from worker.engine.words import (
     Sketch,
@@ -73,10 +73,10 @@ class Twin:
 
     def drop(self, candidate: Candidate) -> Drop:
         if self.reason is DropReason.DUPLICATE:
-            detail = f"identical text to {self.kept.chunk_id} (rank {self.kept.rank})"
+            detail = f"identical text to {brief(self.kept.chunk_id)} (rank {self.kept.rank})"
         else:
             detail = (
-                f"near-duplicate of {self.kept.chunk_id} (rank {self.kept.rank}), "
+                f"near-duplicate of {brief(self.kept.chunk_id)} (rank {self.kept.rank}), "
                 f"{self.measure} {self.similarity:.3f}"
             )
         return candidate.drop(
