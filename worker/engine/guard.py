@@ -52,6 +52,8 @@ def guard(
     policy: GuardPolicy,
 ) -> tuple[list[Candidate], list[Drop]]:
     """Drop what the reader may not see, what is not in force on `as_of`, and empty text."""
+    if audience is not None and not audience.strip():
+        audience = None  # a blank name names no one: "" must not match a chunk's [""]
     passed: list[Candidate] = []
     dropped: list[Drop] = []
     for candidate in candidates:
