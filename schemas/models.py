@@ -11,11 +11,39 @@ import re
 import unicodedata
 from datetime import date
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_VERSION = 1
+
+
+_ISO_DATE = re.compile("[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _iso_date(value: object) -> object:
+    """A date as the published schemas type it (format "date"): "YYYY-MM-DD" only. Pydantic
+    would also read an epoch number or a string of digits as a date, which a producer
+    following the schema never sends and a reader of the event would not read as one."""
+    if isinstance(value, date) or (isinstance(value, str) and _ISO_DATE.fullmatch(value)):
+        return value
+    if isinstance(value, bool):
+        kind = "true or false"
+    elif isinstance(value, int | float):
+        kind = "a number"
+    else:
+        kind = "text in another form" if isinstance(value, str) else type(value).__name__
+    raise ValueError(f'a date is written as the text "YYYY-MM-DD", not as {kind}')
+
+
+IsoDate = Annotated[date, BeforeValidator(_iso_date)]
 
 
 class _Record(BaseModel):
@@ -54,16 +82,17 @@ class Chunk(_Record):
     )
     text: str
     doc_id: str | None = Field(default=None, description="Defaults to chunk_id.")
-    score: float | None = Field(default=None, allow_inf_nan=False)
+    # strict: "0.9", true and false are not numbers, as the published schema says.
+    score: float | None = Field(default=None, allow_inf_nan=False, strict=True)
     title: str | None = None
     section: str | None = None
     source: str | None = None
     doc_type: str | None = None
     version: str | None = None
-    effective_from: date | None = None
-    effective_to: date | None = Field(default=None, description="Last day in force, inclusive.")
+    effective_from: IsoDate | None = None
+    effective_to: IsoDate | None = Field(default=None, description="Last day in force, inclusive.")
     audience: list[str] = Field(default_factory=list, description="Empty: everyone may read it.")
-    embedding: list[float] | None = None
+    embedding: list[Annotated[float, Field(strict=True)]] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("chunk_id")
@@ -121,7 +150,7 @@ class RetrievalResult(_Record):
     question: str
     chunks: list[Chunk] = Field(default_factory=list)
     audience: str | None = Field(default=None, description="Who will read the answer.")
-    as_of: date | None = Field(default=None, description="Date the answer must hold on.")
+    as_of: IsoDate | None = Field(default=None, description="Date the answer must hold on.")
     history: list[HistoryTurn] = Field(default_factory=list)
     policy: str | None = Field(default=None, description="Name of a server-side policy.")
     metadata: dict[str, Any] = Field(default_factory=dict)
