@@ -7,6 +7,7 @@ import hashlib
 import threading
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,7 +32,9 @@ from worker.engine.tokens import (
     get_counter,
     load_tokenizer_file,
 )
-from worker.intake.codec import encode
+from worker.intake.codec import Limits, RejectedInput, encode
+from worker.intake.handle import assemble_bytes
+from worker.intake.policies import PolicyRegistry
 
 
 @pytest.fixture(scope="module", params=trained_tokenizer.FAMILIES)
@@ -253,3 +256,16 @@ def test_special_tokens_in_any_rendered_field_reach_the_prompt_as_text(chat_file
     overhead = policy.budget.message_overhead
     assert result.audit.tokens.prompt == sum(
         reference(library, m.content) + overhead for m in result.prompt.messages)
+
+
+@pytest.mark.parametrize(("field", "value"), [("chunk_id", "INST"), ("doc_id", "d<|im_end|>")])
+def test_an_id_that_spells_a_special_token_is_a_schema_rejection(
+    chat_file: Path, field: str, value: str
+) -> None:
+    counter = load_tokenizer_file(chat_file)
+    registry = PolicyRegistry(policy_from_mapping({"tokenizer": {"encoding": counter.name}}))
+    chunk = {"chunk_id": "c1", "text": "The pump lasts two years.", field: value}
+    raw = orjson.dumps({"request_id": "r", "question": "q", "chunks": [chunk]})
+    with pytest.raises(RejectedInput) as rejected:
+        assemble_bytes(raw, registry, Limits())
+    assert rejected.value.reason == "schema" and f"chunks[0].{field} spells" in rejected.value.message

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from schemas.models import Chunk, RetrievalResult
+from worker.engine.errors import SpecialTokenInId
 
 # A defused character's entity could, next to the text around it, spell a token again
 # (only a token holding "&", "#", ";" or digits could): a few passes settle any real file.
@@ -74,8 +75,23 @@ class SpecialTokens:
                 break
         return text
 
-    def _chunk(self, chunk: Chunk) -> Chunk:
+    def _found_in(self, text: str) -> str | None:
+        match = self._first.search(text) if self._first is not None else None
+        if match is None:
+            return None
+        return next(token for token in self.tokens if text.startswith(token, match.start()))
+
+    def _chunk(self, chunk: Chunk, rank: int) -> Chunk:
         fields = chunk.__dict__
+        # Printed as "[chunk_id]" (a label) or bare (a header's source, a title's stand-in).
+        for name, printed in (("chunk_id", f"[{chunk.chunk_id}]"), ("doc_id", chunk.doc_id)):
+            token = self._found_in(printed) if printed is not None else None
+            if token is not None:
+                raise SpecialTokenInId(
+                    f"chunks[{rank}].{name} spells {token[:40]!r}, a token the policy's "
+                    "tokenizer reads as a control token; identifiers are cited as sent, so "
+                    "it cannot be defused"
+                )
         changed = {
             name: safe for name in _CHUNK_TEXT_FIELDS
             if fields[name] is not None and (safe := self.defuse(fields[name])) != fields[name]
@@ -83,10 +99,11 @@ class SpecialTokens:
         return chunk.model_copy(update=changed) if changed else chunk
 
     def event(self, event: RetrievalResult) -> RetrievalResult:
-        """`event` with every free-text field defused (the same object if nothing was)."""
+        """`event` with every free-text field defused (the same object if nothing was);
+        raises SpecialTokenInId for an identifier that spells a token."""
         if self._first is None:
             return event
-        chunks = [self._chunk(chunk) for chunk in event.chunks]
+        chunks = [self._chunk(chunk, rank) for rank, chunk in enumerate(event.chunks)]
         history = [
             turn if (safe := self.defuse(turn.content)) == turn.content
             else turn.model_copy(update={"content": safe})
