@@ -39,6 +39,7 @@ from worker.engine.pack import Packed, pack
 from worker.engine.policy import HeaderStyle, Policy, RenderPolicy
 from worker.engine.tokens import (
     EXACT_TOKENIZERS,
+    HF_TOKENIZER,
     HuggingFaceCounter,
     TokenCounter,
     get_counter,
@@ -82,7 +83,7 @@ def _without_special_tokens(event: RetrievalResult, policy: Policy) -> Retrieval
     """What the event says, with no added or special token of the policy's tokenizer.json
     files left as written: the model's server would read one as a control token."""
     for name in dict.fromkeys((policy.tokenizer.encoding, policy.tokenizer.exact_encoding)):
-        counter = get_counter(name)
+        counter = get_counter(name) if HF_TOKENIZER.fullmatch(name) else None
         if isinstance(counter, HuggingFaceCounter):
             event = counter.specials.event(event)
     return event

@@ -227,6 +227,14 @@ def _over_limit(length: int, limits: Limits) -> RejectedInput:
     )
 
 
+def _too_long(
+    what: str, length: int, limit: str, most: int, request_id: str | None
+) -> RejectedInput:
+    return RejectedInput(
+        RejectReason.LIMITS, f"{what} has {length} characters, over {limit}={most}", request_id
+    )
+
+
 def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
     if isinstance(raw, Excerpt):
         raise _over_limit(raw.length, limits)
@@ -246,27 +254,15 @@ def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
     except ValidationError as error:
         raise RejectedInput(RejectReason.SCHEMA, _schema_problems(error), request_id) from None
     if len(event.question) > limits.max_question_chars:
-        raise RejectedInput(
-            RejectReason.LIMITS,
-            f"question has {len(event.question)} characters, over max_question_chars="
-            f"{limits.max_question_chars}",
-            request_id,
-        )
-    for rank, chunk in enumerate(event.chunks, start=1):
+        raise _too_long("question", len(event.question), "max_question_chars",
+                        limits.max_question_chars, request_id)
+    for index, chunk in enumerate(event.chunks):
         if len(chunk.chunk_id) > limits.max_chunk_id_chars:
-            raise RejectedInput(
-                RejectReason.LIMITS,
-                f"chunks[{rank - 1}].chunk_id has {len(chunk.chunk_id)} characters, over "
-                f"max_chunk_id_chars={limits.max_chunk_id_chars}",
-                request_id,
-            )
+            raise _too_long(f"chunks[{index}].chunk_id", len(chunk.chunk_id),
+                            "max_chunk_id_chars", limits.max_chunk_id_chars, request_id)
         if len(chunk.text) > limits.max_chunk_chars:
-            raise RejectedInput(
-                RejectReason.LIMITS,
-                f"chunk {brief(chunk.chunk_id)!r} has {len(chunk.text)} characters, over "
-                f"max_chunk_chars={limits.max_chunk_chars}",
-                request_id,
-            )
+            raise _too_long(f"chunk {brief(chunk.chunk_id)!r}", len(chunk.text),
+                            "max_chunk_chars", limits.max_chunk_chars, request_id)
     return event
 
 
