@@ -13,15 +13,17 @@ import pytest
 
 from schemas.models import RejectReason
 from worker import filemode
-from worker.engine.policy import Policy
+from worker.engine.policy import policy_from_mapping
 from worker.intake.codec import MESSAGE_CHARS, Limits, RejectedInput
 from worker.intake.policies import PolicyRegistry
 from worker.kafka.records import HandlerContext, Origin, handle
 
 RATIO, SLACK = 20, 16 * 1024  # outputs <= RATIO * input + SLACK bytes
 LIMITS = Limits()
+# Room for every passage, so what an event makes the prompt repeat is measured too.
+ROOMY = policy_from_mapping({"budget": {"context_tokens": 2_000_000, "window": None}})
 # Large enough to take any output whole, so its size is measured rather than capped.
-CONTEXT = HandlerContext(registry=PolicyRegistry(Policy()), limits=LIMITS, prompts_topic="p",
+CONTEXT = HandlerContext(registry=PolicyRegistry(ROOMY), limits=LIMITS, prompts_topic="p",
                          audit_topic="a", dlq_topic="d", worker="w",
                          max_message_bytes=1 << 30)
 
@@ -58,6 +60,14 @@ def long_audience_lists(copies: int = 500) -> bytes:
     return encoded({"request_id": "r", "question": "q", "audience": "y", "chunks": chunks})
 
 
+def bracketed_fields() -> bytes:
+    """Header fields of nothing but "<", each printed (as "&lt;") in the passage header of
+    the user message and of the context, and quoted in the citation."""
+    fields = dict.fromkeys(["title", "section", "source", "doc_type", "version"], "<" * 40_000)
+    chunk = {"chunk_id": "c", "text": "<documents>\n[c] " * 5_000, **fields}
+    return encoded({"request_id": "r", "question": "q", "chunks": [chunk]})
+
+
 def too_long_id() -> bytes:
     """A chunk id over the limit: a rejection, whose message must not quote it whole."""
     chunk = {"chunk_id": "k" * 1_000_000, "text": "a" * 200_000}
@@ -71,8 +81,8 @@ def long_unknown_field() -> bytes:
 
 
 HOSTILE: list[Callable[[], bytes]] = [
-    long_audience, long_kept_id, near_copies_of_long_id, long_audience_lists, too_long_id,
-    long_unknown_field,
+    long_audience, long_kept_id, near_copies_of_long_id, long_audience_lists, bracketed_fields,
+    too_long_id, long_unknown_field,
 ]
 
 
