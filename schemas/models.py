@@ -124,7 +124,9 @@ class Chunk(_Record):
         Rejected rather than escaped: a citation then names the chunk_id exactly, and real ids
         ("doc#3", "a/b:c", "Fläche-3", "文書/2") hold none of these characters.
         """
-        found = _LABEL_BRACKETS.search(value) or _IGNORABLE_PRINTABLE.search(value)
+        found = _LABEL_BRACKETS.search(value) or (
+            None if value.isascii() else _IGNORABLE_PRINTABLE.search(value)
+        )
         culprit = found.group() if found else None
         if culprit is None and not value.isprintable():  # printable: none of them, in C
             culprit = next((c for c in value if unicodedata.category(c) in _UNPRINTED), None)
@@ -134,7 +136,7 @@ class Chunk(_Record):
                 "passage label, which may not hold a line break, a control, format or "
                 "invisible character, or a bracket [ ] < > (nor a fullwidth form of one)"
             )
-        if not unicodedata.is_normalized("NFKC", value):
+        if not value.isascii() and not unicodedata.is_normalized("NFKC", value):
             culprit = next((c for c in value if unicodedata.normalize("NFKC", c) != c), None)
             shown = f" {culprit!r} (U+{ord(culprit):04X})" if culprit else ""
             raise ValueError(
