@@ -81,14 +81,14 @@ class SpecialTokens:
             return None
         return next(token for token in self.tokens if text.startswith(token, match.start()))
 
-    def _chunk(self, chunk: Chunk, rank: int) -> Chunk:
+    def _chunk(self, chunk: Chunk, index: int) -> Chunk:
         fields = chunk.__dict__
         # Printed as "[chunk_id]" (a label) or bare (a header's source, a title's stand-in).
         for name, printed in (("chunk_id", f"[{chunk.chunk_id}]"), ("doc_id", chunk.doc_id)):
             token = self._found_in(printed) if printed is not None else None
             if token is not None:
                 raise SpecialTokenInId(
-                    f"chunks[{rank}].{name} spells {token[:40]!r}, a token the policy's "
+                    f"chunks[{index}].{name} spells {token[:40]!r}, a token the policy's "
                     "tokenizer reads as a control token; identifiers are cited as sent, so "
                     "it cannot be defused"
                 )
@@ -103,7 +103,7 @@ class SpecialTokens:
         raises SpecialTokenInId for an identifier that spells a token."""
         if self._first is None:
             return event
-        chunks = [self._chunk(chunk, rank) for rank, chunk in enumerate(event.chunks)]
+        chunks = [self._chunk(chunk, index) for index, chunk in enumerate(event.chunks)]
         history = [
             turn if (safe := self.defuse(turn.content)) == turn.content
             else turn.model_copy(update={"content": safe})
