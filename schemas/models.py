@@ -11,11 +11,39 @@ import re
 import unicodedata
 from datetime import date
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_VERSION = 1
+
+
+_ISO_DATE = re.compile("[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _iso_date(value: object) -> object:
+    """A date as the published schemas type it (format "date"): "YYYY-MM-DD" only. Pydantic
+    would also read an epoch number or a string of digits as a date, which a producer
+    following the schema never sends and a reader of the event would not read as one."""
+    if isinstance(value, date) or (isinstance(value, str) and _ISO_DATE.fullmatch(value)):
+        return value
+    if isinstance(value, bool):
+        kind = "true or false"
+    elif isinstance(value, int | float):
+        kind = "a number"
+    else:
+        kind = "text in another form" if isinstance(value, str) else type(value).__name__
+    raise ValueError(f'a date is written as the text "YYYY-MM-DD", not as {kind}')
+
+
+IsoDate = Annotated[date, BeforeValidator(_iso_date)]
 
 
 class _Record(BaseModel):
@@ -42,6 +70,24 @@ class HistoryTurn(Message):
 # Brackets, and the fullwidth and small forms NFKC folds to them.
 _LABEL_BRACKETS = re.compile("[\\[\\]<>\ufe47\ufe48\uff3b\uff3d\ufe64\ufe65\uff1c\uff1e]")
 _UNPRINTED = frozenset({"Cc", "Cf", "Zl", "Zp"})  # controls, format characters, line breaks
+# Default-ignorable code points that str.isprintable passes (marks and Hangul fillers): a
+# reader sees nothing, so "pub" followed by one reads as the label "pub".
+_IGNORABLE_PRINTABLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180d\u180f\u3164\ufe00-\ufe0f\uffa0"
+    "\U000e0100-\U000e01ef]"
+)
+SHOWN_ID_CHARS = 64  # of a chunk_id quoted in an error message
+
+
+def _label_key(chunk_id: str) -> str:
+    """What a reader takes a label for: case folded, blanks gone (ids are already in NFKC
+    form with nothing invisible, or rejected)."""
+    return "".join(chunk_id.casefold().split())
+
+
+def _shown_id(chunk_id: str) -> str:
+    cut = chunk_id[:SHOWN_ID_CHARS]
+    return repr(cut) if cut == chunk_id else f"{cut!r}…"
 
 
 class Chunk(_Record):
@@ -49,21 +95,23 @@ class Chunk(_Record):
 
     chunk_id: str = Field(
         min_length=1,
-        description="Printed as the passage label: no line break, control or format "
-        "character, or bracket [ ] < > (nor a fullwidth form of one).",
+        description="Printed as the passage label: in Unicode NFKC form, with no line "
+        "break, control, format or invisible character, or bracket [ ] < > (nor a fullwidth "
+        "form of one); no two chunk_ids of an event differ only in case or blanks.",
     )
     text: str
     doc_id: str | None = Field(default=None, description="Defaults to chunk_id.")
-    score: float | None = Field(default=None, allow_inf_nan=False)
+    # strict: "0.9", true and false are not numbers, as the published schema says.
+    score: float | None = Field(default=None, allow_inf_nan=False, strict=True)
     title: str | None = None
     section: str | None = None
     source: str | None = None
     doc_type: str | None = None
     version: str | None = None
-    effective_from: date | None = None
-    effective_to: date | None = Field(default=None, description="Last day in force, inclusive.")
+    effective_from: IsoDate | None = None
+    effective_to: IsoDate | None = Field(default=None, description="Last day in force, inclusive.")
     audience: list[str] = Field(default_factory=list, description="Empty: everyone may read it.")
-    embedding: list[float] | None = None
+    embedding: list[Annotated[float, Field(strict=True)]] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("chunk_id")
@@ -76,15 +124,25 @@ class Chunk(_Record):
         Rejected rather than escaped: a citation then names the chunk_id exactly, and real ids
         ("doc#3", "a/b:c", "Fläche-3", "文書/2") hold none of these characters.
         """
-        found = _LABEL_BRACKETS.search(value)
+        found = _LABEL_BRACKETS.search(value) or (
+            None if value.isascii() else _IGNORABLE_PRINTABLE.search(value)
+        )
         culprit = found.group() if found else None
         if culprit is None and not value.isprintable():  # printable: none of them, in C
             culprit = next((c for c in value if unicodedata.category(c) in _UNPRINTED), None)
         if culprit is not None:
             raise ValueError(
                 f"chunk_id holds {culprit!r} (U+{ord(culprit):04X}); it is printed as the "
-                "passage label, which may not hold a line break, a control or format "
-                "character, or a bracket [ ] < > (nor a fullwidth form of one)"
+                "passage label, which may not hold a line break, a control, format or "
+                "invisible character, or a bracket [ ] < > (nor a fullwidth form of one)"
+            )
+        if not value.isascii() and not unicodedata.is_normalized("NFKC", value):
+            culprit = next((c for c in value if unicodedata.normalize("NFKC", c) != c), None)
+            shown = f" {culprit!r} (U+{ord(culprit):04X})" if culprit else ""
+            raise ValueError(
+                f"chunk_id holds{shown or ' characters'} that read as others (it is not in "
+                "Unicode NFKC form: fullwidth or styled letters, a no-break space...); it is "
+                "printed as the passage label, which must read as itself"
             )
         return value
 
@@ -121,10 +179,24 @@ class RetrievalResult(_Record):
     question: str
     chunks: list[Chunk] = Field(default_factory=list)
     audience: str | None = Field(default=None, description="Who will read the answer.")
-    as_of: date | None = Field(default=None, description="Date the answer must hold on.")
+    as_of: IsoDate | None = Field(default=None, description="Date the answer must hold on.")
     history: list[HistoryTurn] = Field(default_factory=list)
     policy: str | None = Field(default=None, description="Name of a server-side policy.")
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _labels_apart(self) -> RetrievalResult:
+        """Two chunk_ids that read as one label (case or blanks apart) would let forged text
+        be cited as the other; one id repeated is one passage and is allowed."""
+        seen: dict[str, str] = {}
+        for chunk in self.chunks:
+            other = seen.setdefault(_label_key(chunk.chunk_id), chunk.chunk_id)
+            if other != chunk.chunk_id:
+                raise ValueError(
+                    f"chunk_ids {_shown_id(other)} and {_shown_id(chunk.chunk_id)} read as "
+                    "the same passage label (they differ only in case or blanks)"
+                )
+        return self
 
 
 class DropReason(StrEnum):

@@ -306,9 +306,10 @@ def test_copies_in_one_event_leave_one_answer_a_question() -> None:
     body = prose(random.Random(11), 1_500)
     same = {"doc_id": "d", "title": "Guide"}
     event = RetrievalResult(request_id="r", question="pump?", chunks=[
-        chunk("a", body, **same), chunk("b", body, **same), chunk("c", body, **same),
+        chunk("a", body, version="1", **same), chunk("b", body, version="2", **same),
+        chunk("c", body, version="3", **same),
     ])
-    kept = assemble(event, Policy()).audit.kept  # one document: kept apart, all compared
+    kept = assemble(event, Policy()).audit.kept  # versions of one document: kept apart
     entry = facts.known(text_key(body))
     assert len(kept) == 3
     assert [s.title for s in entry.sketches] == ["Guide"]

@@ -40,10 +40,31 @@ def test_two_versions_of_one_document_are_never_merged_seed_000() -> None:
         "near_duplicate", "v3", 0.923)
 
 
-def test_identical_versions_of_one_document_stay_too() -> None:
-    a = chunk("a", "Returns\nSame words.", doc_id="d")
-    b = chunk("b", "Returns\nSame words.", doc_id="d")
-    assert first_copy([a, b])["b"] == ("kept", None, 0.0)
+def test_two_versions_of_one_document_are_both_kept_even_with_the_same_text() -> None:
+    text = "Returns\nYou can return an unused item within 30 days."
+    v3 = chunk("v3", text, doc_id="returns-policy", version="3")
+    v4 = chunk("v4", text, doc_id="returns-policy", version="4")
+    unversioned = chunk("v", text, doc_id="returns-policy")
+    assert first_copy([v3, v4, unversioned]) == dict.fromkeys(["v3", "v4", "v"], ("kept", None, 0.0))
+
+
+def test_exact_copies_within_one_document_and_version_are_duplicates() -> None:
+    copies = [chunk(f"c{n}", "Returns\nSame words.", doc_id="d", version=version)
+              for n, version in enumerate(["3", "3", None, None])]
+    assert first_copy(copies) == {"c0": ("kept", None, 0.0), "c1": ("duplicate", "c0", 1.0),
+                                  "c2": ("kept", None, 0.0), "c3": ("duplicate", "c2", 1.0)}
+
+
+def test_copies_of_one_passage_cannot_crowd_the_answer_out_of_the_budget() -> None:
+    filler = "Our stores are open from nine to five on weekdays and ten to four on Saturdays. " * 6
+    copies = [chunk(f"copy{n}", filler, doc_id="faq") for n in range(4)]
+    answer = chunk("answer", "Refunds reach the original payment method within 5 days.")
+    one_copy = assemble(event([copies[0], answer]), policy(budget={"context_tokens": 10_000}))
+    budget = one_copy.audit.tokens.context + 10  # room for one copy and the answer, no more
+    result = assemble(event([*copies, answer]), policy(budget={"context_tokens": budget}))
+    assert [k.chunk_id for k in result.audit.kept] == ["copy0", "answer"]
+    assert {d.chunk_id: d.reason for d in result.audit.dropped} == dict.fromkeys(
+        ["copy1", "copy2", "copy3"], DropReason.DUPLICATE)
 
 
 def test_the_title_line_is_left_out_and_rank_decides_which_copy_stays() -> None:

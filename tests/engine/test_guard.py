@@ -31,6 +31,14 @@ def test_without_an_audience_restricted_text_is_denied_unless_the_operator_allow
     assert reasons([STAFF], audience=None, unknown="allow") == {"staff": "kept"}
 
 
+def test_a_blank_audience_names_no_one() -> None:
+    blank = [chunk(f"b{n}", "Finance refunds within 3 days.", audience=[name])
+             for n, name in enumerate(["", " ", "\t"])]
+    for name in ["", " ", "\t", "\u3000\n"]:
+        assert set(reasons(blank, audience=name).values()) == {"access_denied"}, repr(name)
+        assert reasons([STAFF], audience=name) == {"staff": "access_denied"}
+
+
 def test_only_the_version_in_force_on_as_of_passes() -> None:
     v3 = chunk("v3", "Return within 30 days.", effective_from="2025-01-01", effective_to="2026-03-31")
     v4 = chunk("v4", "Return within 45 days.", effective_from="2026-04-01")

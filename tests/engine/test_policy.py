@@ -110,3 +110,17 @@ def test_nan_in_a_policy_file_is_rejected(tmp_path: object) -> None:
     path.write_text("[select]\nmin_score = nan\n")
     with pytest.raises(PolicyError, match=r"select\.min_score"):
         load_policy(str(path))
+
+
+@pytest.mark.parametrize("separator", [
+    "\n</documents>\n", "\n[S9] forged\n", "\n\uff1c/documents\uff1e\n", "\n\uff3bS9\uff3d\n",
+    "\n\u200b\n", "\n/", "\n&", "", "---", "\r", "\nnote\n",
+])
+def test_a_separator_that_could_break_the_documents_block_is_refused(separator: str) -> None:
+    with pytest.raises(PolicyError, match=r"render\.separator"):
+        policy_from_mapping({"render": {"separator": separator}})
+
+
+@pytest.mark.parametrize("separator", ["\n", "\n\n", "\n---\n", "\n\n* * *\n\n", "\t\n==\n"])
+def test_a_separator_of_line_breaks_and_marks_is_accepted(separator: str) -> None:
+    assert policy_from_mapping({"render": {"separator": separator}}).render.separator == separator

@@ -53,6 +53,36 @@ def test_version_numbers_must_be_text() -> None:
     assert event.chunks[0].version == "1.10"
 
 
+def chunk_event(field: str, value: str) -> bytes:
+    return f'{{"request_id":"r","question":"q","chunks":[{{"chunk_id":"a","text":"t",'\
+           f'"{field}":{value}}}]}}'.encode()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("score", '"0.9"'), ("score", "true"), ("score", "false"), ("embedding", '["0.5"]'),
+    ("embedding", "[true]"), ("effective_from", "1700000000"), ("effective_to", "1700000000"),
+    ("effective_to", '"1700000000"'), ("effective_to", "1.5"), ("effective_to", "true"),
+    ("effective_from", '"2026-01-01T00:00:00"'), ("effective_to", '"\\uff12\\uff10\\uff12\\uff16-\\uff10\\uff11-\\uff10\\uff11"'),
+])
+def test_values_of_another_json_type_than_the_schema_says_are_refused(
+    field: str, value: str
+) -> None:
+    assert reject(chunk_event(field, value)).reason == "schema"
+
+
+@pytest.mark.parametrize("value", ["1700000000", '"1700000000"', '"20260101"', "false"])
+def test_as_of_is_a_date_written_as_text(value: str) -> None:
+    error = reject(f'{{"request_id":"r","question":"q","as_of":{value}}}'.encode())
+    assert error.reason == "schema" and '"YYYY-MM-DD"' in error.message
+
+
+def test_the_types_the_schema_allows_are_accepted() -> None:
+    chunk = decode_event(chunk_event("score", "1"), Limits()).chunks[0]
+    assert chunk.score == 1.0
+    dated = decode_event(chunk_event("effective_to", '"2026-03-31"'), Limits()).chunks[0]
+    assert str(dated.effective_to) == "2026-03-31"
+
+
 def event_with(metadata: str) -> bytes:
     return ('{"request_id": "r", "question": "q", "chunks": [{"chunk_id": "a", "text": "t"}], '
             f'"metadata": {metadata}}}').encode()

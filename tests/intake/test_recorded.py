@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine.policy import Policy, policy_from_mapping
+from worker.engine.policy import SEPARATOR_MARKS, Policy, policy_from_mapping
 from worker.intake.policies import PolicyRegistry, load_preset
 from worker.intake.recorded import (
     PinnedRegistry,
@@ -33,7 +33,7 @@ OVERRIDES = st.fixed_dictionaries({}, optional={
     "order": st.fixed_dictionaries({}, optional={
         "mode": st.sampled_from(["rank", "edges", "first_last", "round_robin_source"])}),
     "render": st.fixed_dictionaries({}, optional={
-        "separator": st.text(max_size=5), "system_prompt": st.text(max_size=40)}),
+        "separator": st.text(SEPARATOR_MARKS, max_size=4).map("\n".__add__), "system_prompt": st.text(max_size=40)}),
 })
 
 

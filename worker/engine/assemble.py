@@ -37,7 +37,13 @@ from worker.engine.guard import guard
 from worker.engine.order import arrange
 from worker.engine.pack import Packed, pack
 from worker.engine.policy import HeaderStyle, Policy, RenderPolicy
-from worker.engine.tokens import EXACT_TOKENIZERS, TokenCounter, get_counter
+from worker.engine.tokens import (
+    EXACT_TOKENIZERS,
+    HF_TOKENIZER,
+    HuggingFaceCounter,
+    TokenCounter,
+    get_counter,
+)
 from worker.engine.version import __version__
 
 ENGINE = EngineInfo(version=__version__)
@@ -53,6 +59,7 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
     """The prompt and its audit for `event` under `policy`; raises PromptTooLarge when the
     instructions and the question alone overflow the window."""
     counter = get_counter(policy.tokenizer.encoding)
+    event = _without_special_tokens(event, policy)
     candidates = _candidates(event)
     passed, dropped = guard(
         candidates, audience=event.audience, as_of=event.as_of, policy=policy.guard
@@ -70,6 +77,16 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
         event, policy, counter, plan, shown, fitted,
         [*dropped, *repeated, *unpacked, *fitted.shed, *overflowed], counts,
     )
+
+
+def _without_special_tokens(event: RetrievalResult, policy: Policy) -> RetrievalResult:
+    """What the event says, with no added or special token of the policy's tokenizer.json
+    files left as written: the model's server would read one as a control token."""
+    for name in dict.fromkeys((policy.tokenizer.encoding, policy.tokenizer.exact_encoding)):
+        counter = get_counter(name) if HF_TOKENIZER.fullmatch(name) else None
+        if isinstance(counter, HuggingFaceCounter):
+            event = counter.specials.event(event)
+    return event
 
 
 def _candidates(event: RetrievalResult) -> list[Candidate]:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from schemas.models import Chunk, DropReason
 from worker.engine.cache import text_key
 from worker.engine.facts import TextFacts, known
+
+DETAIL_CHARS: Final = 64  # of an untrusted string quoted in a drop's detail
+
+
+def brief(value: str) -> str:
+    """`value` as a detail quotes it: at most DETAIL_CHARS characters, so a detail costs a
+    constant however long the request's audience or a kept chunk's id (one event may drop
+    thousands of chunks, each quoting it)."""
+    return value if len(value) <= DETAIL_CHARS else f"{value[:DETAIL_CHARS]}…"
 
 
 class Drop(NamedTuple):

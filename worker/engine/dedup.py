@@ -13,7 +13,8 @@ months" and "24 months" share 0.926 of their words and both stay. The set, not t
 because Jaccard compares sets: a number said twice in one passage and once in the other is
 the same fact, while a number one of them lacks may be the answer. "12" and "12.0" differ
 ("0" is a word of one only): keeping a true copy costs tokens, dropping the answer costs the
-answer. Identical text is a copy whatever it holds.
+answer. Identical text is a copy whatever it holds; within one document, only of the same
+version (or of none): two versions stay apart even with the same text, as seed 000 requires.
 
 Near-duplicates: while few chunks are kept, a candidate is compared with each of them. Against
 many, an exact prefix filter (Bayardo et al., "Scaling up all pairs similarity search")
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Final
 
 from schemas.models import DropReason
 from worker.engine import facts
-from worker.engine.candidate import Candidate, Drop
+from worker.engine.candidate import Candidate, Drop, brief
 from worker.engine.policy import DedupPolicy
 from worker.engine.words import (
     Sketch,
@@ -73,10 +74,10 @@ class Twin:
 
     def drop(self, candidate: Candidate) -> Drop:
         if self.reason is DropReason.DUPLICATE:
-            detail = f"identical text to {self.kept.chunk_id} (rank {self.kept.rank})"
+            detail = f"identical text to {brief(self.kept.chunk_id)} (rank {self.kept.rank})"
         else:
             detail = (
-                f"near-duplicate of {self.kept.chunk_id} (rank {self.kept.rank}), "
+                f"near-duplicate of {brief(self.kept.chunk_id)} (rank {self.kept.rank}), "
                 f"{self.measure} {self.similarity:.3f}"
             )
         return candidate.drop(
@@ -117,6 +118,9 @@ class CopyDetector:
         # text: finding a kept twin of another document takes at most two looks, however
         # many copies.
         self._kept_by_text: dict[int, dict[str, Candidate]] = {}
+        # (text_key, document, version) -> the first kept chunk: an exact copy within one
+        # document and version is a copy even where documents are kept apart.
+        self._kept_copies: dict[tuple[int, str, str | None], Candidate] = {}
         self._kept: list[Candidate] = []  # every kept chunk, when near-duplicates are looked for
         # Of the first SCAN_LIMIT, each with its document (None where documents may merge).
         self._kept_sketches: list[tuple[Candidate, Sketch, str | None]] = []
@@ -148,9 +152,13 @@ class CopyDetector:
 
     def find_twin(self, candidate: Candidate) -> Twin | None:
         same_text = self._kept_by_text.get(candidate.text_key)
-        for kept in same_text.values() if same_text is not None else ():
-            if kept.text == candidate.text and self._may_merge(kept, candidate):
-                return Twin(kept, DropReason.DUPLICATE, 1.0, "identical text")
+        if same_text is not None:
+            for kept in same_text.values():
+                if kept.text == candidate.text and self._may_merge(kept, candidate):
+                    return Twin(kept, DropReason.DUPLICATE, 1.0, "identical text")
+            copy = self._kept_copies.get(self._copy_key(candidate))
+            if copy is not None and copy.text == candidate.text:
+                return Twin(copy, DropReason.DUPLICATE, 1.0, "identical text")
         best = None  # `_kept` is empty unless near-duplicates are looked for
         if len(self._kept) > SCAN_LIMIT:
             best = self._indexed_twin(candidate)
@@ -251,10 +259,17 @@ class CopyDetector:
                 return Twin(kept, DropReason.NEAR_DUPLICATE, similarity, "cosine")
         return None
 
+    @staticmethod
+    def _copy_key(candidate: Candidate) -> tuple[int, str, str | None]:
+        """Exact copies share it: the same text of the same version (or none) of a document.
+        Two versions stay apart even with the same text, as seed 000 requires."""
+        return candidate.text_key, candidate.document, candidate.chunk.version
+
     def add_kept(self, candidate: Candidate) -> None:
         self._kept_by_text.setdefault(candidate.text_key, {}).setdefault(
             candidate.document, candidate
         )
+        self._kept_copies.setdefault(self._copy_key(candidate), candidate)
         if self._policy.near:
             self._kept.append(candidate)
             if len(self._kept) <= SCAN_LIMIT:

@@ -22,6 +22,11 @@ class PromptTooLarge(ContextAssemblerError, ValueError):
     """Even without passages the prompt exceeds window - max_output: nothing can fix that."""
 
 
+class SpecialTokenInId(ContextAssemblerError, ValueError):
+    """A chunk_id or doc_id that spells one of the tokenizer's added tokens where it is
+    printed: an identifier is cited as sent, so it cannot be defused, only refused."""
+
+
 class VocabularyUnavailable(ContextAssemblerError, RuntimeError):
     """A tokenizer's vocabulary is neither cached nor bundled: the message says how to
     provide it."""

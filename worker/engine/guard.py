@@ -11,12 +11,23 @@ from datetime import date
 from typing import TYPE_CHECKING
 
 from schemas.models import DropReason
-from worker.engine.candidate import Candidate, Drop
+from worker.engine.candidate import Candidate, Drop, brief
 from worker.engine.policy import GuardPolicy
 from worker.engine.words import has_words
 
 if TYPE_CHECKING:
     import regex
+
+
+NAMES_SHOWN = 5  # of a chunk's audience list, in a detail
+
+
+def _names(allowed: list[str]) -> str:
+    """A chunk's audience list as a detail shows it: its first few names, cut short."""
+    names = sorted(allowed)
+    shown = repr([brief(name) for name in names[:NAMES_SHOWN]])
+    more = len(names) - NAMES_SHOWN
+    return f"{shown[:-1]}, and {more} more]" if more > 0 else shown
 
 
 @functools.cache
@@ -41,6 +52,8 @@ def guard(
     policy: GuardPolicy,
 ) -> tuple[list[Candidate], list[Drop]]:
     """Drop what the reader may not see, what is not in force on `as_of`, and empty text."""
+    if audience is not None and not audience.strip():
+        audience = None  # a blank name names no one: "" must not match a chunk's [""]
     passed: list[Candidate] = []
     dropped: list[Drop] = []
     for candidate in candidates:
@@ -49,12 +62,12 @@ def guard(
         if allowed and audience is not None and audience not in allowed:
             dropped.append(candidate.drop(
                 DropReason.ACCESS_DENIED,
-                f"audience {audience!r} is not in {sorted(allowed)}",
+                f"audience {brief(audience)!r} is not in {_names(allowed)}",
             ))
         elif allowed and audience is None and policy.unknown_audience == "deny":  # the default
             dropped.append(candidate.drop(
                 DropReason.ACCESS_DENIED,
-                f"request names no audience and the chunk is limited to {sorted(allowed)}",
+                f"request names no audience and the chunk is limited to {_names(allowed)}",
             ))
         elif as_of and chunk.effective_from and as_of < chunk.effective_from:
             dropped.append(candidate.drop(

@@ -159,11 +159,28 @@ class OrderPolicy(_Section):
     mode: OrderMode = "rank"
 
 
+# What a separator between passages may hold: no letter, bracket, "<", "/" or "&", so
+# nothing it adds to the end of one passage and the header of the next can read as a tag
+# or a label; and a "\n", so every passage header starts a line.
+SEPARATOR_MARKS = " \t\n-=*_~#+.:;,|!?'\"()%^"
+
+
 class RenderPolicy(_Section):
     labels: LabelScheme = "chunk_id"
     header: HeaderStyle = "full"
     separator: str = "\n\n"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+
+    @field_validator("separator")
+    @classmethod
+    def _cannot_break_the_documents_block(cls, value: str) -> str:
+        if "\n" not in value or value.strip(SEPARATOR_MARKS):
+            raise ValueError(
+                f"{value[:40]!r}: a separator holds a line break (\\n) and otherwise only "
+                f"spaces, tabs and the marks {SEPARATOR_MARKS.strip()}, so it can neither "
+                "close <documents> nor pass for a passage header"
+            )
+        return value
 
 
 class GuardPolicy(_Section):

@@ -9,7 +9,8 @@ it just before answering.
 
 Look-alikes are judged on folded text, the way a model may read it: NFKC (fullwidth and
 other compatibility forms become ASCII), case folded, with invisible characters removed
-(format characters such as U+200B, and controls that are not whitespace). Nothing is
+(format characters such as U+200B, controls that are not whitespace, and every
+default-ignorable code point: variation selectors, U+034F, Hangul fillers...). Nothing is
 folded at run time: the regexes spell out every form of each delimiter character (the
 letters are gathered from the Unicode database at import; tests/engine/test_injection.py
 checks every table against every code point), and each is a single linear pass in C, so
@@ -39,13 +40,15 @@ _ANGLE, _LEFT, _RIGHT, _SLASH = "<\ufe64\uff1c", "[\ufe47\uff3b", "]\ufe48\uff3d
 _WIDE_TRIGGERS: Final = "\ufe64\uff1c\ufe47\uff3b"  # the non-ASCII forms of "<" and "["
 _OTHER_BREAKS: Final = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _BREAKS = f"\n{_OTHER_BREAKS}"  # every line break str.splitlines knows
-# Regex class bodies: invisible characters, which folding removes (format characters, Cf,
-# and controls that are not whitespace, Cc; Unicode 14); whitespace that breaks no line.
+# Regex class bodies: invisible characters, which folding removes (format characters, Cf;
+# controls that are not whitespace, Cc, as of Unicode 14; and every Default_Ignorable_Code_Point
+# of Unicode 15: variation selectors, the combining grapheme joiner, Hangul fillers, Mongolian
+# free variation selectors, Khmer inherent vowels, tags); whitespace that breaks no line.
 _INVISIBLE = (
-    r"\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
-    r"\u08e2\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
-    r"\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
-    r"\U000e0001\U000e0020-\U000e007f"
+    r"\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\xad\u034f\u0600-\u0605\u061c\u06dd\u070f"
+    r"\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    r"\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
+    r"\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
 )
 _INLINE_SPACE = r"\t\x1f \xa0\u1680\u2000-\u200a\u202f\u205f\u3000"
 # Blocks holding the compatibility forms of Latin letters (fullwidth, circled, superscript…);

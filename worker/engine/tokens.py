@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final, Literal, NewType, Protocol
 from worker.engine import vocabulary
 from worker.engine.cache import COUNT_ENTRY_BYTES, BoundedCache
 from worker.engine.errors import VocabularyUnavailable
+from worker.engine.specials import SpecialTokens
 
 if TYPE_CHECKING:  # imported where a vocabulary is loaded, on first use
     import tiktoken
@@ -158,7 +159,8 @@ class HuggingFaceCounter:
     """Exact counts with a model's own tokenizer.json, cached per text.
 
     Special tokens the file declares are matched in the text, as the model's server does
-    when it tokenises the rendered prompt; none is added (no BOS): chat framing is
+    when it tokenises the rendered prompt (`specials`: the engine defuses them in every
+    field an event renders); none is added (no BOS): chat framing is
     `budget.message_overhead`'s. The binding's borrow checks can refuse ("Already
     borrowed") a call on one tokenizer made from two threads at once, hence the lock; the
     call itself releases the GIL, so other threads run meanwhile.
@@ -172,6 +174,10 @@ class HuggingFaceCounter:
     ) -> None:
         self.name = name
         self._tokenizer = tokenizer
+        # Read by its server as control tokens: the engine defuses them in what events say.
+        self.specials = SpecialTokens(
+            token.content for token in tokenizer.get_added_tokens_decoder().values()
+        )
         self._lock = threading.Lock()
         self.cache: BoundedCache[int] = BoundedCache(cache_bytes // COUNT_ENTRY_BYTES)
 

@@ -17,9 +17,11 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.models import ErrorRecord, RejectReason, RetrievalResult
+from worker.engine.candidate import brief
 from worker.engine.errors import ContextAssemblerError
 
 RAW_KEPT_BYTES: Final = 1024  # of an input, in its error record
+MESSAGE_CHARS: Final = 2048  # of a rejection's message: it may quote untrusted strings
 
 
 class Limits(BaseModel):
@@ -31,6 +33,9 @@ class Limits(BaseModel):
     max_chunks: int = Field(default=2000, ge=1)
     max_chunk_chars: int = Field(default=100_000, ge=1)
     max_question_chars: int = Field(default=20_000, ge=1)
+    # A kept chunk's id is copied into the drop of each of its copies (`duplicate_of`) and
+    # printed as its label: its length bounds what one event's outputs cost per input byte.
+    max_chunk_id_chars: int = Field(default=256, ge=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,8 @@ class RejectedInput(ContextAssemblerError, ValueError):
     record or a dead letter, and the next input is processed."""
 
     def __init__(self, reason: RejectReason, message: str, request_id: str | None = None) -> None:
+        if len(message) > MESSAGE_CHARS:  # an error record or log line costs a constant
+            message = f"{message[:MESSAGE_CHARS]}…"
         super().__init__(message)
         self.reason = RejectReason(reason)  # a string naming no reason fails here, loudly
         self.message = message
@@ -220,6 +227,14 @@ def _over_limit(length: int, limits: Limits) -> RejectedInput:
     )
 
 
+def _too_long(
+    what: str, length: int, limit: str, most: int, request_id: str | None
+) -> RejectedInput:
+    return RejectedInput(
+        RejectReason.LIMITS, f"{what} has {length} characters, over {limit}={most}", request_id
+    )
+
+
 def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
     if isinstance(raw, Excerpt):
         raise _over_limit(raw.length, limits)
@@ -239,20 +254,15 @@ def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
     except ValidationError as error:
         raise RejectedInput(RejectReason.SCHEMA, _schema_problems(error), request_id) from None
     if len(event.question) > limits.max_question_chars:
-        raise RejectedInput(
-            RejectReason.LIMITS,
-            f"question has {len(event.question)} characters, over max_question_chars="
-            f"{limits.max_question_chars}",
-            request_id,
-        )
-    for chunk in event.chunks:
+        raise _too_long("question", len(event.question), "max_question_chars",
+                        limits.max_question_chars, request_id)
+    for index, chunk in enumerate(event.chunks):
+        if len(chunk.chunk_id) > limits.max_chunk_id_chars:
+            raise _too_long(f"chunks[{index}].chunk_id", len(chunk.chunk_id),
+                            "max_chunk_id_chars", limits.max_chunk_id_chars, request_id)
         if len(chunk.text) > limits.max_chunk_chars:
-            raise RejectedInput(
-                RejectReason.LIMITS,
-                f"chunk {chunk.chunk_id!r} has {len(chunk.text)} characters, over "
-                f"max_chunk_chars={limits.max_chunk_chars}",
-                request_id,
-            )
+            raise _too_long(f"chunk {brief(chunk.chunk_id)!r}", len(chunk.text),
+                            "max_chunk_chars", limits.max_chunk_chars, request_id)
     return event
 
 

@@ -3,7 +3,8 @@
 Every shell (the file mode, the Kafka worker, replay) hands its raw input here, so the same
 bytes get the same outputs, or the same rejection, in each. The engine's errors about one
 event become its rejection, with the event's request_id: a policy the request may not name
-(`policy`), instructions and question that alone overflow the window (`budget`), and any
+(`policy`), instructions and question that alone overflow the window (`budget`), an id
+that spells a special token of the policy's tokenizer (`schema`), and any
 other exception, a bug, which must cost one event and not the stream (`engine`).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from schemas.models import RejectReason, RetrievalResult
 from worker.engine import Assembly, Policy, assemble
-from worker.engine.errors import PolicyError, PromptTooLarge
+from worker.engine.errors import PolicyError, PromptTooLarge, SpecialTokenInId
 from worker.intake.codec import Excerpt, Limits, RejectedInput, decode_event
 from worker.intake.policies import PolicyRegistry
 
@@ -24,6 +25,8 @@ def assemble_bytes(raw: bytes | Excerpt, registry: PolicyRegistry, limits: Limit
         return assemble(event, policy)
     except PromptTooLarge as error:
         raise RejectedInput(RejectReason.BUDGET, str(error), event.request_id) from error
+    except SpecialTokenInId as error:
+        raise RejectedInput(RejectReason.SCHEMA, str(error), event.request_id) from error
     except Exception as error:  # an engine bug must cost one event, not the stream
         raise RejectedInput(
             RejectReason.ENGINE, f"{type(error).__name__}: {error}", event.request_id

@@ -58,6 +58,7 @@ class Settings(BaseSettings):
     max_chunks: int = _limit("max_chunks")
     max_chunk_chars: int = _limit("max_chunk_chars")
     max_question_chars: int = _limit("max_question_chars")
+    max_chunk_id_chars: int = _limit("max_chunk_id_chars")
     retry_backoff_max_seconds: float = Field(default=5.0, gt=0)
     max_message_bytes: int = Field(
         default=1_048_576, ge=16_384,
