@@ -143,18 +143,11 @@ def make_event(case: Case, seed: int) -> RetrievalResult:
     return RetrievalResult(request_id="r", question="How long is the pump warranty?", chunks=chunks)
 
 
-def best_time(events: Callable[[int], RetrievalResult], policy: Policy, *, enough: float = 0.0) -> float:
-    """The fastest of RUNS runs, each on new texts; stops early once under `enough`."""
-    fastest = float("inf")
-    for run in range(RUNS):
-        event = events(run)
-        gc.collect()
-        start = time.perf_counter()
-        assemble(event, policy)
-        fastest = min(fastest, time.perf_counter() - start)
-        if fastest <= enough:
-            break
-    return fastest
+def run_time(event: RetrievalResult, policy: Policy) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    assemble(event, policy)
+    return time.perf_counter() - start
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {
@@ -169,31 +162,33 @@ POLICIES: dict[str, Callable[[], Policy]] = {
         "compress": {"mode": "always"},
     }),
 }
-_benign: dict[tuple[str, Shape], float] = {}
+ROUNDS = 3  # a ratio over the bound is measured again, as a busy machine slows one side
 
 
-def benign_time(policy_name: str, shape: Shape) -> float:
-    key = (policy_name, shape)
-    if key not in _benign:
-        policy, benign = POLICIES[policy_name](), Case(shape, prose)
-        assemble(make_event(benign, seed=-1), policy)  # load the tokenizer
-        _benign[key] = best_time(lambda run: make_event(benign, seed=1000 + run), policy)
-    return _benign[key]
-
-
-# Slow paths outside dedup/words/compress/cache, known and owned elsewhere: each fails here
-# until its fix lands (then the mark goes).
+def cost_ratio(policy: Policy, case: Case) -> float:
+    """Hostile time over benign time, each the fastest of RUNS runs on new texts, the two
+    kinds alternating so that the machine's load falls on both alike."""
+    benign = Case(case.shape, prose)
+    assemble(make_event(benign, seed=-1), policy)  # load the tokenizer
+    fastest = {"benign": float("inf"), "hostile": float("inf")}
+    for run in range(RUNS):
+        fastest["benign"] = min(fastest["benign"],
+                                run_time(make_event(benign, seed=1000 + run), policy))
+        fastest["hostile"] = min(fastest["hostile"], run_time(make_event(case, seed=run), policy))
+    return fastest["hostile"] / fastest["benign"]
 
 
 @pytest.mark.parametrize(("policy_name", "case"), [
     (policy_name, case) for policy_name in POLICIES for case in HOSTILE
 ])
 def test_hostile_text_costs_about_what_benign_text_of_its_size_costs(policy_name: str, case: str) -> None:
-    benign = benign_time(policy_name, HOSTILE[case].shape)
-    hostile = best_time(
-        lambda run: make_event(HOSTILE[case], seed=run), POLICIES[policy_name](), enough=benign * MAX_RATIO
-    )
-    assert hostile / benign <= MAX_RATIO, f"{case}: {hostile / benign:.1f}x benign ({hostile * 1e3:.1f} ms)"
+    policy = POLICIES[policy_name]()
+    ratios = []
+    for _ in range(ROUNDS):  # a pass quadratic in its input stays far over the bound each time
+        ratios.append(cost_ratio(policy, HOSTILE[case]))
+        if ratios[-1] <= MAX_RATIO:
+            break
+    assert min(ratios) <= MAX_RATIO, f"{case}: {[f'{r:.1f}x' for r in ratios]} benign"
 
 
 # --------------------------------------------------------------------------------------
