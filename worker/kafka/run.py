@@ -44,14 +44,15 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
     try:
         if not _record_policies(settings, registry_policies(registry), metrics):
             return 0  # stopped while waiting for the policies topic
+        if settings.processing_guarantee == "exactly_once":
+            asyncio.run(_run_transactional(settings, runner, metrics))
+        else:
+            _run_faust(settings, runner, metrics)  # faust's worker ends with SystemExit
     except ListenError as error:
         log.error("cannot start: %s", error)
         return 2
-    if settings.processing_guarantee == "exactly_once":
-        asyncio.run(_run_transactional(settings, runner, metrics))
-    else:
-        _run_faust(settings, runner, metrics)
-    log.info("stopped")
+    finally:
+        log.info("stopped")
     return 0
 
 
