@@ -16,7 +16,7 @@ $(BIN)/context-assembler: pyproject.toml constraints.txt
 
 demo: $(BIN)/context-assembler  ## assemble the shipped example events and show the decisions
 	@mkdir -p $(OUT)
-	-$(BIN)/context-assembler assemble examples/events.jsonl --policy examples/policy.toml \
+	$(BIN)/context-assembler assemble examples/events.jsonl --policy examples/policy.toml \
 	    --out $(OUT)/prompts.jsonl --audit $(OUT)/audit.jsonl --errors $(OUT)/errors.jsonl
 	$(BIN)/context-assembler explain --events examples/events.jsonl --policy examples/policy.toml
 	$(BIN)/context-assembler sweep q30-staff --events examples/events.jsonl --policy estimated \

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -53,3 +54,25 @@ def test_a_port_in_use_stops_the_worker_naming_the_setting() -> None:
         f"cannot start: 127.0.0.1:{port} (ASSEMBLER_HTTP_HOST:ASSEMBLER_HTTP_PORT) is in use "
         "(another worker on this machine?); set ASSEMBLER_HTTP_PORT to a free port, or 0 for any")
     assert entries[-1]["message"] == "stopped"
+
+
+def test_a_broker_that_does_not_answer_is_one_line_naming_the_setting() -> None:
+    """Not the client's own ERROR every 1-5 s besides: one line, until SIGTERM stops it."""
+    env = {**os.environ, "ASSEMBLER_BOOTSTRAP_SERVERS": "127.0.0.1:9", "ASSEMBLER_HTTP_PORT": "0"}
+    process = subprocess.Popen([sys.executable, "-m", "worker.cli", "worker"], env=env,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    try:
+        lines = [process.stderr.readline(), process.stderr.readline()]  # starting, why
+        time.sleep(6)  # several of the client's reconnection attempts
+    finally:
+        process.terminate()
+        _, rest = process.communicate(timeout=30)
+    assert process.returncode == 0
+    entries = [json.loads(line) for line in [*lines, *rest.splitlines()]]
+    assert [(e["level"], e["logger"]) for e in entries] == [
+        ("INFO", "worker.kafka.run"), ("ERROR", "worker.kafka.policies"), ("INFO", "worker.kafka.run")]
+    assert entries[0]["message"].startswith("starting on 127.0.0.1:9: ")
+    assert "cannot reach the Kafka broker at 127.0.0.1:9" in entries[1]["message"]
+    assert "ASSEMBLER_BOOTSTRAP_SERVERS" in entries[1]["message"]
+    assert entries[2]["message"] == "stopped"
