@@ -115,3 +115,30 @@ async def test_the_summary_sums_a_burst_into_one_line_and_the_rest_at_the_end(
     assert lines == ["assembled 4 events: 3 prompts (600 prompt tokens), 1 dead letter (policy 1)"]
     assert [r.getMessage() for r in caplog.records] == [
         *lines, "assembled 1 event: 1 prompt (50 prompt tokens), 0 dead letters"]
+
+
+def test_a_fresh_brokers_coordinator_lines_are_debug_and_other_client_errors_stay(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from worker.kafka.observability import logs
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    touched = [logging.getLogger(name) for name in ("aiokafka", "faust", "mode", *logs.DEMOTED)]
+    saved = [(logger.level, logger.filters[:]) for logger in touched]
+    try:
+        logs.configure("INFO")
+        coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
+        coordinator.error("Group Coordinator Request failed: %s",
+                          "[Error 15] GroupCoordinatorNotAvailableError")
+        coordinator.warning("Marking the coordinator dead (node %s)for group %s.", 1, "g")
+        logging.getLogger("aiokafka").error('Unable connect to "%s:%s": %s', "127.0.0.1", 9, "x")
+        logging.getLogger("aiokafka").error("Unable connect to node with id %s: %s", 1, "x")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for logger, (was, filters) in zip(touched, saved, strict=True):
+            logger.setLevel(was)
+            logger.filters[:] = filters
+    (line,) = capsys.readouterr().err.splitlines()
+    assert json.loads(line)["message"] == "Unable connect to node with id 1: x"
