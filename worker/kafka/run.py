@@ -103,7 +103,8 @@ async def _run_transactional(settings: Settings, runner: EventRunner, metrics: M
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     await server.start()
-    log.info("http listening", extra={"port": server.port})
+    log.info("http listening on %s:%s (/metrics, /health, /ready)", settings.http_host,
+             server.port, extra={"host": settings.http_host, "port": server.port})
     watching = asyncio.create_task(watch.run())
     try:
         await worker.run()
@@ -142,7 +143,8 @@ def _run_faust(settings: Settings, runner: EventRunner, metrics: Metrics) -> Non
     @app.task  # type: ignore[untyped-decorator]
     async def serve_http() -> None:
         await server.start()
-        log.info("http listening", extra={"port": server.port})
+        log.info("http listening on %s:%s (/metrics, /health, /ready)", settings.http_host,
+                 server.port, extra={"host": settings.http_host, "port": server.port})
 
     @app.task  # type: ignore[untyped-decorator]
     async def watch_topics() -> None:
