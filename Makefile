@@ -16,9 +16,9 @@ $(BIN)/context-assembler: pyproject.toml constraints.txt
 
 demo: $(BIN)/context-assembler  ## assemble the shipped example events and show the decisions
 	@mkdir -p $(OUT)
-	-$(BIN)/context-assembler assemble examples/events.jsonl --policy examples/policy.toml --allow-policy window-8k \
+	$(BIN)/context-assembler assemble examples/events.jsonl --policy examples/policy.toml \
 	    --out $(OUT)/prompts.jsonl --audit $(OUT)/audit.jsonl --errors $(OUT)/errors.jsonl
-	$(BIN)/context-assembler explain --events examples/events.jsonl --policy examples/policy.toml --allow-policy window-8k
+	$(BIN)/context-assembler explain --events examples/events.jsonl --policy examples/policy.toml
 	$(BIN)/context-assembler sweep q30-staff --events examples/events.jsonl --policy estimated \
 	    --png $(OUT)/sweep-q30.png
 	@echo "prompts: $(OUT)/prompts.jsonl  audit: $(OUT)/audit.jsonl  chart: $(OUT)/sweep-q30.png"
@@ -62,11 +62,13 @@ chaos: $(BIN)/context-assembler  ## faults on a 3-node cluster: out/chaos/report
 	$(BIN)/python -m bench.chaos $(if $(filter long,$(CHAOS)),--long) --out $(OUT)/chaos
 
 broker-start: $(BIN)/context-assembler  ## a local Kafka broker and the worker's topics; prints host:port
-	@PYTHON=$(BIN)/python bash scripts/kafka.sh start $(KAFKA_DIR) >/dev/null
+	@if bash scripts/kafka.sh bootstrap $(KAFKA_DIR) >/dev/null 2>&1; then \
+	    echo "a broker is already running from $(KAFKA_DIR) (make broker-stop stops it)" >&2; \
+	else PYTHON=$(BIN)/python bash scripts/kafka.sh start $(KAFKA_DIR) >/dev/null; fi
 	@$(BIN)/context-assembler topics create --bootstrap-servers "$$(bash scripts/kafka.sh bootstrap $(KAFKA_DIR))"
 	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
 
-broker-address:  ## host:port of the broker broker-start started
+broker-address:  ## host:port of the broker broker-start started, while it runs
 	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
 
 broker-stop:

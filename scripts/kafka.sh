@@ -6,7 +6,7 @@
 #   scripts/kafka.sh start DIR        fresh broker in DIR (wipes DIR/data); prints host:port last
 #   scripts/kafka.sh stop DIR         SIGTERM, SIGKILL after 30 s; no-op if not running
 #   scripts/kafka.sh restart DIR      stop, then start again on the same ports and data
-#   scripts/kafka.sh bootstrap DIR    print host:port
+#   scripts/kafka.sh bootstrap DIR    print host:port of the running broker
 #
 # Environment: KAFKA_CACHE_DIR (jar cache), KAFKA_READY_TIMEOUT (seconds, default 90),
 # PYTHON (interpreter with aiokafka; default .venv/bin/python, else python3).
@@ -249,6 +249,7 @@ bootstrap() {
     local dir
     dir=$(broker_dir "${1:-}")
     [[ -f $dir/bootstrap ]] || die "no broker was started in $dir"
+    running "$dir" || die "the broker of $dir is not running (stopped, or it exited)"
     cat "$dir/bootstrap"
 }
 

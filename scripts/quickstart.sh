@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Runs the README's worker quick start word for word: the fenced block under "## The Kafka
-# worker", line by line in one bash, so the README stays true. Before the line that stops
-# the worker (`kill %1`) it waits until the worker has published every example event.
+# Runs the README's worker quick start and then its debugging walkthrough word for word, as a
+# new user pastes them: the fenced block under "## The Kafka worker", in one bash with
+# `set -e`, then every fenced block under "### Debug an answer", each command with its exit
+# status reported (some exit non-zero on purpose, as the README says).
 #
 #   scripts/quickstart.sh WORKDIR     the broker runs from WORKDIR/kafka (KAFKA_DIR), the
 #                                     output goes to WORKDIR/quickstart.log
 #
 # Run from the repository root, with the venv installed (make broker-start's prerequisite).
-# Exit 0 when every line succeeded, the worker published one prompt per example event,
-# stopped with status 0, printed no terminal escape codes and left no temp dir behind.
+# Exit 0 when every line of the worker block succeeded (the worker stopped with status 0),
+# each walkthrough command ran (its status printed as "quickstart: exit N: COMMAND"), no
+# terminal escape codes were printed and the worker left no temp dir behind.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,60 +22,55 @@ die() {
     exit 1
 }
 
-# The block, and the events it sends (one prompt each).
-block=$(awk '/^## The Kafka worker/ {s=1; next} s && /^```/ {if (f) exit; f=1; next} f' README.md)
-[[ -n $block ]] || die "no fenced block under '## The Kafka worker' in README.md"
-expected=$(grep -c . examples/events.jsonl)
+# The fenced blocks of the README section under heading $1 (up to the next heading of any
+# level), or only its first block with $2 = first. Lines starting with # inside a fence are
+# comments, not headings.
+blocks() {
+    awk -v heading="$1" -v only_first="${2:-}" '
+        !fenced && $0 == heading {inside = 1; next}
+        !fenced && inside && /^#/ {exit}
+        inside && /^```/ {
+            if (fenced && only_first) exit
+            fenced = !fenced
+            next
+        }
+        inside && fenced' README.md
+}
+
+worker_block=$(blocks '## The Kafka worker' first)
+[[ -n $worker_block ]] || die "no fenced block under '## The Kafka worker' in README.md"
+walkthrough=$(blocks '### Debug an answer: replay, compare, explain')
+[[ -n $walkthrough ]] || die "no fenced block under '### Debug an answer' in README.md"
 
 export KAFKA_DIR=$WORKDIR/kafka  # the Makefile's broker directory
 export TMPDIR=$WORKDIR/tmp       # where the worker's temp dir would be left
-export ASSEMBLER_HTTP_PORT
+export ASSEMBLER_HTTP_PORT       # 8080 may be taken on a shared machine
 ASSEMBLER_HTTP_PORT=$("$REPO_ROOT/.venv/bin/python" -c '
 import socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 mkdir -p "$TMPDIR"
 
-# The worker's events_total on its /metrics; bash's /dev/tcp, so no curl is needed.
-wait_for_outputs='
-quickstart_wait() {
-    local deadline=$((SECONDS + 120)) seen=0
-    while ((SECONDS < deadline)); do
-        seen=$("'"$REPO_ROOT"'/.venv/bin/python" - "$ASSEMBLER_HTTP_PORT" <<"PY" 2>/dev/null || echo 0
-import sys, urllib.request
-page = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=2).read()
-print(int(sum(float(line.rsplit(" ", 1)[1]) for line in page.decode().splitlines()
-              if line.startswith("context_assembler_events_total{"))))
-PY
-        )
-        ((seen >= '"$expected"')) && { echo "quickstart: the worker assembled $seen events"; return 0; }
-        sleep 1
-    done
-    echo "quickstart: the worker assembled $seen of '"$expected"' events in 120 s" >&2
-    return 1
-}
-'
 script=$WORKDIR/quickstart.bash
 {
     echo 'set -euo pipefail'
     echo 'trap '"'"'kill $(jobs -p) 2>/dev/null || true'"'"' EXIT'  # a worker left by a failed line
-    echo "$wait_for_outputs"
-    while IFS= read -r line; do
-        if [[ $line == "kill %1"* ]]; then
-            echo 'quickstart_wait'
-            echo "$line"
-            echo 'wait %1'  # its exit status: 0 after SIGTERM
-        else
-            echo "$line"
-        fi
-    done <<<"$block"
+    echo "$worker_block"
+    echo 'set +e'
+    # One command a line: continuation lines joined, comments and blank lines left out.
+    sed -e ':join' -e '/\\$/{N;s/\\\n//;b join' -e '}' <<<"$walkthrough" |
+        grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' |
+        while IFS= read -r command; do
+            printf '%s\n' "$command"
+            printf 'echo "quickstart: exit $?: "%q\n' "$command"
+        done
 } >"$script"
 
 log=$WORKDIR/quickstart.log
 status=0
 bash "$script" >"$log" 2>&1 || status=$?
-bash scripts/kafka.sh stop "$KAFKA_DIR" >/dev/null 2>&1 || true  # should a line have failed
+bash scripts/kafka.sh stop "$KAFKA_DIR" >/dev/null 2>&1 || true
 cat "$log"
 ((status == 0)) || die "the quick start failed (exit $status)"
 ! grep -q $'\x1b' "$log" || die "terminal escape codes in the output"
 ! compgen -G "$TMPDIR/context-assembler-faust-*" >/dev/null || die "the worker left its temp dir"
-echo "quickstart.sh: the README's worker quick start works"
+echo "quickstart.sh: the README's worker quick start and debugging walkthrough ran"

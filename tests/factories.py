@@ -34,3 +34,8 @@ def example_events() -> dict[str, dict[str, Any]]:
 
 def example(request_id: str) -> RetrievalResult:
     return RetrievalResult.model_validate(example_events()[request_id])
+
+
+def naming_policy(line: bytes, name: str) -> bytes:
+    """An example event line that names the policy `name` (no shipped example names one)."""
+    return json.dumps({**json.loads(line), "policy": name}).encode()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import EXAMPLES
+from tests.factories import EXAMPLES, naming_policy
 from worker.cli.main import main
 
 
@@ -80,7 +80,7 @@ def test_sweep_prints_the_budgets_and_draws_a_png(tmp_path: Path, capsys: pytest
 
 
 def test_a_request_may_name_only_a_policy_the_operator_allowed(tmp_path: Path) -> None:
-    follow_up = (EVENTS.read_bytes().splitlines()[-1])
+    follow_up = naming_policy(EVENTS.read_bytes().splitlines()[-1], "window-8k")
     source = tmp_path / "in.jsonl"
     source.write_bytes(follow_up + b"\n")
     errors = tmp_path / "errors.jsonl"

@@ -7,15 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import EXAMPLES
+from tests.factories import EXAMPLES, naming_policy
 from worker.cli.main import main
 from worker.intake.policies import build_registry
 from worker.intake.recorded import read_records
 
 
 def test_assemble_writes_the_records_the_worker_would_publish(tmp_path: Path) -> None:
-    records = tmp_path / "policies.jsonl"
-    status = main(["assemble", str(EXAMPLES / "events.jsonl"), "--allow-policy", "window-8k",
+    records, source = tmp_path / "policies.jsonl", tmp_path / "events.jsonl"
+    examples = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
+    source.write_bytes(b"\n".join([*examples, naming_policy(examples[-1], "window-8k")]))
+    status = main(["assemble", str(source), "--allow-policy", "window-8k",
                    "--out", str(tmp_path / "p.jsonl"), "--policies", str(records)])
     assert status == 0
     lines = records.read_bytes().splitlines()

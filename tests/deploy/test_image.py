@@ -144,6 +144,7 @@ def test_dockerfile_builds_a_non_root_worker_image(stages: list[Stage], final_st
     env = _dockerfile_env(final_stage)
     assert env.get("PYTHONUNBUFFERED") == "1"
     assert env.get("ASSEMBLER_HTTP_PORT", "8080") == str(HTTP_PORT)
+    assert env.get("ASSEMBLER_HTTP_HOST") == "0.0.0.0", "the worker binds 127.0.0.1 by default"
     assert CONSOLE_SCRIPT in PYPROJECT["project"]["scripts"], "ENTRYPOINT names no console script"
     assert not final_stage.args("RUN") or all("pip install" not in c
                                               for c in _run_commands(final_stage))
@@ -331,5 +332,7 @@ def test_sweep_png_without_matplotlib_says_how_to_install_it(
     status = main(["sweep", "q30-staff", "--events", str(EXAMPLES / "events.jsonl"),
                    "--policy", "estimated", "--png", str(png)])
     assert status == 2
-    assert "pip install 'context-assembler[charts]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pip install -e '.[charts]'" in err
+    assert "context-assembler[charts]" not in err, "a name on the package index anyone may take"
     assert not png.exists()

@@ -60,7 +60,7 @@ TOPIC_SETTINGS: tuple[str, ...] = tuple(
 #: Settings a deployment must set explicitly (the rest have usable defaults).
 REQUIRED_IN_DEPLOYMENTS: frozenset[str] = frozenset(
     f"{SETTINGS_PREFIX}{name}"
-    for name in ("BOOTSTRAP_SERVERS", "GROUP_ID", "POLICY_FILE", "HTTP_PORT")
+    for name in ("BOOTSTRAP_SERVERS", "GROUP_ID", "POLICY_FILE", "HTTP_HOST", "HTTP_PORT")
 )
 PROCESSING_GUARANTEES: frozenset[str] = frozenset(
     typing.get_args(Settings.model_fields["processing_guarantee"].annotation)
@@ -541,6 +541,7 @@ def test_the_settings_come_from_one_configmap_and_are_all_known(
     missing = REQUIRED_IN_DEPLOYMENTS - set(k8s_env)
     assert not missing, f"the workload does not set {sorted(missing)}"
     assert 0 < int(k8s_env["ASSEMBLER_HTTP_PORT"]) < 65536
+    assert k8s_env["ASSEMBLER_HTTP_HOST"] == "0.0.0.0", "probes come from outside the pod"
     assert k8s_env.get(ENDPOINT_VARIABLE, "") == "", "tracing is off unless an operator sets it"
     Settings.model_validate({  # the values are valid settings, too
         name.removeprefix(SETTINGS_PREFIX).lower(): value
@@ -708,6 +709,7 @@ def test_compose_env_names_are_known_settings(worker_env: dict[str, str]) -> Non
     missing = REQUIRED_IN_DEPLOYMENTS - set(worker_env)
     assert not missing, f"compose does not set {sorted(missing)}"
     assert worker_env["ASSEMBLER_PROCESSING_GUARANTEE"] in PROCESSING_GUARANTEES
+    assert worker_env["ASSEMBLER_HTTP_HOST"] == "0.0.0.0", "probes come from outside the container"
     assert worker_env.get(ENDPOINT_VARIABLE, "") == ""
 
 

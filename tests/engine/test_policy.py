@@ -45,6 +45,23 @@ def test_invalid_policies_say_which_key_is_wrong(overrides: dict[str, object], m
         policy_from_mapping(overrides)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"dedup": {"near_treshold": 0.8}},
+         "dedup.near_treshold: unknown key in section [dedup]; did you mean 'near_threshold'?"),
+        ({"budgets": {}}, "budgets: unknown key at the top level; did you mean 'budget'?"),
+        ({"order": {"zzz": 1}}, "order.zzz: unknown key in section [order]; valid keys: mode"),
+    ],
+)
+def test_a_typo_names_the_key_its_section_and_the_closest_valid_key(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(PolicyError) as raised:
+        policy_from_mapping(overrides)
+    assert str(raised.value) == f"invalid policy 'default': {message}"
+
+
 def test_every_preset_loads_and_the_default_preset_is_the_default() -> None:
     assert {"default", "estimated", "attention-edges", "window-8k", "word-estimate",
             "rank-fidelity"} <= set(preset_names())

@@ -26,6 +26,8 @@ from worker.kafka.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
 CREATE = "create it with `context-assembler topics create`"
+EXAMPLE_IDS = [json.loads(line)["request_id"]
+               for line in (REPO / "examples" / "events.jsonl").read_text().splitlines()]
 
 
 def cli(broker: Broker, topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:
@@ -161,13 +163,39 @@ def faust_dirs(temp: Path) -> list[Path]:
 
 
 def test_the_readme_quick_start_works_word_for_word(tmp_path: Path) -> None:
-    """On a broker of its own, started by `make broker-start` as a new user would."""
+    """The worker block pasted whole, then the debugging walkthrough, on a broker of its own
+    started by `make broker-start` as a new user would: each visibly succeeds (or fails on
+    purpose where the README says so), and the worker's lines are few, none above INFO."""
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("ASSEMBLER_", "KAFKA_DIR"))}
+           if not name.startswith(("ASSEMBLER_", "KAFKA_DIR", "VIRTUAL_ENV"))}
     # The venv is this one, already installed: make must not reinstall it under other tests.
     env["MAKEFLAGS"] = "-o .venv/bin/context-assembler"
     result = subprocess.run(["bash", "scripts/quickstart.sh", str(tmp_path)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "sent 8 events to retrieval.results" in result.stdout
-    assert "the worker assembled 8 events" in result.stdout
+    output = result.stdout
+    assert result.returncode == 0, output + result.stderr
+    lines = output.splitlines()
+    assert "sent 8 events to retrieval.results" in lines
+    assert ("answered 8 events: 8 prompts on prompts.assembled, 0 dead letters on "
+            "retrieval.results.dlq") in lines
+    tailed = [line for line in lines if " from retrieval.results/" in line and "cites" in line]
+    assert sorted(line.split()[0] for line in tailed) == sorted(EXAMPLE_IDS)
+
+    logged = [json.loads(line) for line in lines if line.startswith('{"time"')]
+    (summary,) = [e for e in logged if e["logger"] == "worker.kafka.observability.summary"]
+    assert summary["message"].startswith("assembled 8 events: 8 prompts (")
+    assert (summary["prompts"], summary["dead_letters"]) == (8, {})
+    assert logged[0]["message"].startswith("starting on 127.0.0.1:")
+    assert logged[-1]["message"] == "stopped"
+    assert {e["level"] for e in logged} == {"INFO"}, output
+    assert len(logged) <= 8, output
+    assert "ERROR" not in output
+
+    statuses = [line.split(": ", 2)[1:] for line in lines if line.startswith("quickstart: exit")]
+    assert [(int(s.removeprefix("exit ")), command.split()[1]) for s, command in statuses] == [
+        (0, "explain"), (0, "replay"), (1, "replay"), (2, "replay"), (0, "replay")], output
+    assert "request q30-customer | policy default" in output
+    assert "replayed 8 events (0 rejected): 8 identical, 0 different, 0 not published" in lines
+    assert "q30-customer (retrieval.results/0/0): different" in lines
+    assert any(line.startswith("context-assembler: nothing to replay: no event on "
+                               "retrieval.results from 2000-01-01T00:00:00.000Z") for line in lines)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from tests.factories import naming_policy
 from tests.support.broker import Broker
 from tests.support.worker import (
     Topics,
@@ -55,7 +56,7 @@ def test_a_dead_letter_is_answered_once_its_policy_is_allowed_and_a_failing_one_
 ) -> None:
     topics = Topics.fresh()
     lines = events(8)
-    (naming,) = [line for line in lines if json.loads(line).get("policy")]
+    lines[-1] = naming = naming_policy(lines[-1], "window-8k")  # a follow-up naming a preset
     named_id = json.loads(naming)["request_id"]
 
     async def scenario() -> None:

@@ -7,12 +7,12 @@ Against a real worker and broker: tests/integration/test_redrive.py.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, ClassVar
 
 import pytest
 
 from schemas.models import RejectReason
+from tests.factories import naming_policy
 from tests.kafka.replay.fakes import FakeReader, Topics
 from tests.support.worker import events
 from worker.intake.codec import RejectedInput
@@ -35,7 +35,7 @@ WORKER = HandlerContext.for_worker(
     Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
     build_registry(None))  # no policy allowed: a request naming one is rejected
 GOOD = events(8)
-NAMING = [line for line in GOOD if json.loads(line).get("policy")]
+NAMING = [naming_policy(GOOD[-1], "window-8k")]  # a follow-up naming a preset
 BAD = b'{"request_id": "bad-1", "chunks": 3}'
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TypedDict
 
@@ -69,19 +70,73 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 @command
 def cmd_produce(args: argparse.Namespace) -> int:
+    """produce: exit 0 once sent; with --wait, once each event has its prompt or its dead
+    letter (1 if some have neither after --timeout)."""
     import asyncio
 
     from worker.kafka.produce import produce
+    from worker.kafka.replay.reader import TopicReader
     from worker.kafka.settings import load_settings
+    from worker.kafka.tail import Answers, output_ends, wait_for_answers
 
     quiet_kafka_client()
     settings = load_settings()
     servers = args.bootstrap_servers or settings.bootstrap_servers
     topic = args.topic or settings.input_topic
+
+    async def send(lines: Iterable[bytes]) -> Answers | None:
+        if not args.wait:
+            report_sent(len(await produce(servers, topic, lines)), topic)
+            return None
+        async with TopicReader(servers) as reader:
+            starts = await output_ends(reader, [settings.prompts_topic, settings.dlq_topic])
+            sent = await produce(servers, topic, lines)
+            report_sent(len(sent), topic)
+            return await wait_for_answers(reader, starts, settings.prompts_topic,
+                                          [(topic, p, o) for p, o in sent], args.timeout)
+
     with open_inputs(args.files) as sources:
-        lines = (line for _, stream in sources for line in stream)
-        sent = asyncio.run(produce(servers, topic, lines))
-    print(f"sent {sent} events to {topic}", file=sys.stderr)
+        answers = asyncio.run(send(line for _, stream in sources for line in stream))
+    if answers is None:
+        return 0
+    for line in answers.dead_letters:
+        print(f"dead letter: {line}", file=sys.stderr)
+    answered = answers.prompts + len(answers.dead_letters)
+    print(f"answered {answered} events: {answers.prompts} prompts on {settings.prompts_topic}, "
+          f"{len(answers.dead_letters)} dead letters on {settings.dlq_topic}", file=sys.stderr)
+    if answers.waiting:
+        print(f"context-assembler: {len(answers.waiting)} events not answered within "
+              f"{args.timeout:g} s; is a worker running on {servers} (context-assembler "
+              "worker)?", file=sys.stderr)
+        return 1
+    return 0
+
+
+def report_sent(count: int, topic: str) -> None:
+    print(f"sent {count} events to {topic}", file=sys.stderr)
+
+
+@command
+def cmd_tail(args: argparse.Namespace) -> int:
+    """tail prompts|audit|dlq: the last records of an output topic, one line each; with
+    --follow, new ones as they come until Ctrl-C."""
+    import asyncio
+
+    from worker.kafka.settings import load_settings
+    from worker.kafka.tail import tail
+
+    if args.lines < 0:
+        raise UsageError("-n takes a count of records, 0 or more")
+    quiet_kafka_client()
+    settings = load_settings()
+    topic = args.topic or {"prompts": settings.prompts_topic, "audit": settings.audit_topic,
+                           "dlq": settings.dlq_topic}[args.output]
+
+    def write(line: str) -> None:
+        print(line, flush=True)
+
+    asyncio.run(tail(args.bootstrap_servers or settings.bootstrap_servers, args.output, topic,
+                     args.lines, args.follow, write))
     return 0
 
 

@@ -114,7 +114,25 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("files", nargs="*", help="JSONL files, or - for stdin (the default)")
     send.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
     send.add_argument("--topic", help="default: ASSEMBLER_INPUT_TOPIC")
+    send.add_argument("--wait", action="store_true",
+                      help="return once each event has its prompt (ASSEMBLER_PROMPTS_TOPIC) or "
+                      "its dead letter (ASSEMBLER_DLQ_TOPIC); exit 1 if some have neither in "
+                      "--timeout")
+    send.add_argument("--timeout", type=positive, default=120,
+                      help="with --wait: seconds to wait (default: 120)")
     send.set_defaults(handler=kafka.cmd_produce)
+
+    show_outputs = commands.add_parser(
+        "tail", help="the last records of the prompts, audit or dead-letter topic, one line each")
+    show_outputs.add_argument("output", choices=["prompts", "audit", "dlq"])
+    show_outputs.add_argument("-n", "--lines", type=int, default=10,
+                              help="how many of the last records (default: 10)")
+    show_outputs.add_argument("--follow", "-f", action="store_true",
+                              help="then print new records as they come, until Ctrl-C")
+    show_outputs.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
+    show_outputs.add_argument("--topic", help="default: ASSEMBLER_PROMPTS_TOPIC, "
+                              "ASSEMBLER_AUDIT_TOPIC or ASSEMBLER_DLQ_TOPIC")
+    show_outputs.set_defaults(handler=kafka.cmd_tail)
 
     rerun = commands.add_parser(
         "replay", help="re-assemble input events from the topic, optionally compare")

@@ -114,7 +114,8 @@ def sweep_chart(event: RetrievalResult, points: list[SweepPoint], path: str) -> 
         import matplotlib
     except ImportError:
         raise ChartsUnavailable(
-            "--png needs matplotlib: pip install 'context-assembler[charts]'"
+            "--png needs matplotlib, the charts extra: from the project's directory, "
+            "pip install -e '.[charts]'"
         ) from None
 
     matplotlib.use("Agg")

@@ -7,6 +7,7 @@ under the same rules.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import weakref
 from typing import Any, Final, Literal
@@ -249,10 +250,33 @@ def policy_from_mapping(
         return Policy.model_validate(merged)
     except ValidationError as error:
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}"
+            _unknown_key(item["loc"]) if item["type"] == "extra_forbidden"
+            else f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}"
             for item in error.errors()
         )
         raise PolicyError(f"invalid policy {merged.get('name', '?')!r}: {problems}") from None
+
+
+# Longer keys are no typo of a policy key; difflib's cost grows with the key's length squared.
+_SUGGESTED_KEY_CHARS = 64
+
+
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    """A key no section has, with the closest valid key: a typo should say how to fix it."""
+    *section, key = (str(part) for part in loc)
+    model: type[BaseModel] = Policy
+    for part in section:
+        inner = model.model_fields[part].annotation
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            break
+        model = inner
+    place = f"in section [{'.'.join(section)}]" if section else "at the top level"
+    valid = list(model.model_fields)
+    close = (difflib.get_close_matches(key, valid, n=1)
+             if len(key) <= _SUGGESTED_KEY_CHARS else [])
+    hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
+    path = ".".join([*section, key[:_SUGGESTED_KEY_CHARS]])
+    return f"{path}: unknown key {place}; {hint}"
 
 
 def _resolve_model(overrides: dict[str, Any]) -> dict[str, Any]:

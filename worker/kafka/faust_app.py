@@ -57,6 +57,10 @@ from worker.kafka.runner import (
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
+# The services subclassed here log their own start and stop ("[^--_Consumer]: Starting...",
+# a dozen lines a run) under the module of the subclass; under faust's name they are as quiet
+# as faust's other services (observability.logs), and this module's lines are ours alone.
+SERVICE_LOG = logging.getLogger("faust.services")
 
 MAX_IN_FLIGHT = 200
 # aiokafka's default: a send to a missing topic fails (and is logged) after this long,
@@ -237,6 +241,8 @@ class _Consumer(faust_aiokafka.Consumer):
     drops the acked, uncommitted offsets of revoked partitions first thing, and their next
     owner would redo those events."""
 
+    logger = SERVICE_LOG
+
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         if COMMIT_ON_DELIVERY:
             await self.commit(revoked)
@@ -249,6 +255,8 @@ class _Consumer(faust_aiokafka.Consumer):
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Leaves the group when stopped, static member or not (worker.kafka.membership)."""
 
+    logger = SERVICE_LOG
+
     async def on_thread_stop(self) -> None:
         leave_on_stop(self._consumer)
         await super().on_thread_stop()
@@ -259,6 +267,8 @@ class _Tableless(TableManager):
     else, presumably for tables to register, and a worker was ready 1.9-2.4 s after launch
     instead of 0.9 s, which a restarted replica's partitions waited out. This app declares
     no tables."""
+
+    logger = SERVICE_LOG
 
     async def on_start(self) -> None:
         if not self.should_stop:
@@ -271,6 +281,8 @@ class _Transport(faust_aiokafka.Transport):
 
 
 class _App(faust.App):
+    logger = SERVICE_LOG
+
     def _new_transport(self) -> TransportT:
         return _Transport(self.conf.broker_consumer, self)
 
@@ -297,6 +309,8 @@ def _delivered(task: asyncio.Task[None]) -> bool:
 
 class FaustWorker(faust.Worker):
     """faust's worker, stopping within the grace period even while sends fail."""
+
+    logger = SERVICE_LOG
 
     def __init__(self, app: faust.App, runner: EventRunner, loglevel: str) -> None:
         super().__init__(app, loglevel=loglevel, override_logging=False, quiet=True)

@@ -8,6 +8,7 @@ producer would retry its metadata for a minute, logging every attempt.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import orjson
@@ -41,7 +42,10 @@ async def check_topic(bootstrap_servers: str, topic: str) -> None:
         raise missing_topic(topic)
 
 
-async def produce(bootstrap_servers: str, topic: str, lines: Iterable[bytes]) -> int:
+async def produce(
+    bootstrap_servers: str, topic: str, lines: Iterable[bytes]
+) -> list[tuple[int, int]]:
+    """Send each non-blank line; the partition and offset of each, in order."""
     await check_topic(bootstrap_servers, topic)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
                                 enable_idempotence=True)
@@ -49,14 +53,12 @@ async def produce(bootstrap_servers: str, topic: str, lines: Iterable[bytes]) ->
         await producer.start()
     except KafkaConnectionError:
         raise unreachable(bootstrap_servers) from None
-    sent = 0
+    deliveries = []
     try:
         for line in lines:
             raw = line.rstrip(b"\r\n")
             if raw.strip():
-                await producer.send(topic, raw, key=key_of(raw))
-                sent += 1
-        await producer.flush()
+                deliveries.append(await producer.send(topic, raw, key=key_of(raw)))
+        return [(sent.partition, sent.offset) for sent in await asyncio.gather(*deliveries)]
     finally:
         await producer.stop()
-    return sent

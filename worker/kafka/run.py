@@ -12,7 +12,7 @@ from worker.engine.policy import Policy
 from worker.intake.policies import build_registry
 from worker.intake.recorded import registry_policies
 from worker.kafka.observability import logs
-from worker.kafka.observability.http import HealthServer
+from worker.kafka.observability.http import HealthServer, ListenError
 from worker.kafka.observability.metrics import Metrics
 from worker.kafka.policies import Recording, publish_at_start
 from worker.kafka.records import Handler, handle
@@ -28,23 +28,31 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
     try:  # a bad policy or a missing vocabulary stops the worker before it joins the group
         registry = build_registry(settings.policy_file, settings.allowed_policies)
     except ContextAssemblerError as error:
-        log.error("cannot start: %s", error)
+        log.error("cannot start: ASSEMBLER_POLICY_FILE or ASSEMBLER_ALLOWED_POLICIES: %s", error)
         return 2
     metrics = Metrics()
     runner = EventRunner(settings, registry, metrics, handler)
     policy = registry.default
     log.info(
-        "starting", extra={"policy": policy.name, "policy_hash": policy.hash,
-                           "allowed_policies": registry.allowed_names,
-                           "guarantee": settings.processing_guarantee,
-                           "input_topic": settings.input_topic, "group_id": settings.group_id},
+        "starting on %s: %s -> %s, %s", settings.bootstrap_servers, settings.input_topic,
+        settings.prompts_topic, settings.audit_topic,
+        extra={"bootstrap_servers": settings.bootstrap_servers, "policy": policy.name,
+               "policy_hash": policy.hash, "allowed_policies": registry.allowed_names,
+               "guarantee": settings.processing_guarantee,
+               "input_topic": settings.input_topic, "group_id": settings.group_id},
     )
-    if not _record_policies(settings, registry_policies(registry), metrics):
-        return 0  # stopped while waiting for the policies topic
-    if settings.processing_guarantee == "exactly_once":
-        asyncio.run(_run_transactional(settings, runner, metrics))
-        return 0
-    _run_faust(settings, runner, metrics)
+    try:
+        if not _record_policies(settings, registry_policies(registry), metrics):
+            return 0  # stopped while waiting for the policies topic
+        if settings.processing_guarantee == "exactly_once":
+            asyncio.run(_run_transactional(settings, runner, metrics))
+        else:
+            _run_faust(settings, runner, metrics)  # faust's worker ends with SystemExit
+    except ListenError as error:
+        log.error("cannot start: %s", error)
+        return 2
+    finally:
+        log.info("stopped")
     return 0
 
 
@@ -95,7 +103,8 @@ async def _run_transactional(settings: Settings, runner: EventRunner, metrics: M
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     await server.start()
-    log.info("http listening", extra={"port": server.port})
+    log.info("http listening on %s:%s (/metrics, /health, /ready)", settings.http_host,
+             server.port, extra={"host": settings.http_host, "port": server.port})
     watching = asyncio.create_task(watch.run())
     try:
         await worker.run()
@@ -134,7 +143,8 @@ def _run_faust(settings: Settings, runner: EventRunner, metrics: Metrics) -> Non
     @app.task  # type: ignore[untyped-decorator]
     async def serve_http() -> None:
         await server.start()
-        log.info("http listening", extra={"port": server.port})
+        log.info("http listening on %s:%s (/metrics, /health, /ready)", settings.http_host,
+                 server.port, extra={"host": settings.http_host, "port": server.port})
 
     @app.task  # type: ignore[untyped-decorator]
     async def watch_topics() -> None:

@@ -41,6 +41,7 @@ from opentelemetry.trace import Span
 
 from worker.intake.policies import PolicyRegistry
 from worker.kafka.observability.metrics import Metrics
+from worker.kafka.observability.summary import AssemblySummary
 from worker.kafka.observability.tracing import Tracing
 from worker.kafka.records import (
     MIN_MESSAGE_BYTES,
@@ -168,6 +169,7 @@ class EventRunner:
         self.stuck: dict[Attempts, str] = {}  # deliveries failing persistently, and why
         self.stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.summary = AssemblySummary()
 
     @property
     def blocked(self) -> str | None:
@@ -208,18 +210,21 @@ class EventRunner:
         if self.tracing.enabled:
             self._trace(origin, outcome, received_ns)
         if outcome.rejected is not None:
+            self.summary.rejected(outcome.rejected.reason)
             log.warning(
                 "rejected input: %s", outcome.rejected.message,
                 extra={"request_id": outcome.rejected.request_id, "origin": str(origin),
                        "reason": outcome.rejected.reason},
             )
-        elif outcome.assembly is not None and log.isEnabledFor(logging.DEBUG):
+        elif outcome.assembly is not None:
             audit = outcome.assembly.audit
-            log.debug(
-                "assembled", extra={"request_id": audit.request_id, "origin": str(origin),
-                                    "kept": len(audit.kept), "dropped": len(audit.dropped),
-                                    "tokens": audit.tokens.prompt},
-            )
+            self.summary.assembled(audit.tokens.prompt)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "assembled", extra={"request_id": audit.request_id, "origin": str(origin),
+                                        "kept": len(audit.kept), "dropped": len(audit.dropped),
+                                        "tokens": audit.tokens.prompt},
+                )
         return outcome
 
     def _trace(self, origin: Origin, outcome: Outcome, received_ns: int) -> None:
@@ -475,6 +480,7 @@ class EventRunner:
             await asyncio.wait(set(self._tasks))
 
     def close(self) -> None:
+        self.summary.flush()
         self._executor.shutdown(wait=True)
         self.tracing.shutdown()
 

@@ -52,7 +52,11 @@ class Settings(BaseSettings):
         "partition (<prefix>-<topic>-<partition>), the same on every replica, so that a "
         "partition's next owner fences its previous one. Default: the group id.",
     )
-    http_host: str = "0.0.0.0"
+    http_host: str = Field(
+        default="127.0.0.1",
+        description="Where /metrics, /health and /ready listen: this machine only by default; "
+        "0.0.0.0 in a container, for probes and scrapes from outside it.",
+    )
     http_port: int = Field(default=8080, ge=0, le=65535)
     max_event_bytes: int = _limit("max_event_bytes")
     max_chunks: int = _limit("max_chunks")

@@ -3,14 +3,18 @@ import logging
 import urllib.error
 import urllib.request
 
+import pytest
+
 from tests.factories import EXAMPLES
 from worker.engine.policy import Policy
 from worker.intake.codec import Limits
 from worker.intake.policies import PolicyRegistry
-from worker.kafka.observability.http import HealthServer
+from worker.kafka.observability.http import HealthServer, ListenError
 from worker.kafka.observability.logs import JsonFormatter
 from worker.kafka.observability.metrics import Metrics
+from worker.kafka.observability.summary import AssemblySummary
 from worker.kafka.records import HandlerContext, Origin, handle
+from worker.kafka.settings import Settings
 
 
 def observe(metrics: Metrics, raw: bytes, seconds: float) -> None:
@@ -71,3 +75,70 @@ def test_log_lines_are_json_with_the_extra_fields() -> None:
     entry = json.loads(JsonFormatter().format(record))
     assert entry["message"] == "rejected x" and entry["request_id"] == "r1"
     assert entry["level"] == "WARNING"
+
+
+async def test_a_port_in_use_names_the_setting_to_change() -> None:
+    first = HealthServer(Metrics().exposition, lambda: True, "127.0.0.1", 0)
+    await first.start()
+    try:
+        assert first.port is not None
+        second = HealthServer(Metrics().exposition, lambda: True, "127.0.0.1", first.port)
+        with pytest.raises(ListenError) as raised:
+            await second.start()
+    finally:
+        await first.stop()
+    assert str(raised.value) == (
+        f"127.0.0.1:{first.port} (ASSEMBLER_HTTP_HOST:ASSEMBLER_HTTP_PORT) is in use (another "
+        "worker on this machine?); set ASSEMBLER_HTTP_PORT to a free port, or 0 for any")
+
+
+def test_the_worker_listens_on_this_machine_only_by_default() -> None:
+    assert Settings().http_host == "127.0.0.1"
+
+
+async def test_the_summary_sums_a_burst_into_one_line_and_the_rest_at_the_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    summary = AssemblySummary(interval=60.0, gather=0.05)
+    with caplog.at_level(logging.INFO, logger="worker.kafka.observability.summary"):
+        for tokens in (100, 200, 300):
+            summary.assembled(tokens)
+        summary.rejected("policy")
+        await asyncio.sleep(0.2)  # the burst's line, a moment after it arrived
+        summary.assembled(50)
+        await asyncio.sleep(0.2)  # within the interval: no line yet
+        lines = [r.getMessage() for r in caplog.records]
+        summary.flush()  # on stopping
+        summary.flush()  # nothing left: no line
+    assert lines == ["assembled 4 events: 3 prompts (600 prompt tokens), 1 dead letter (policy 1)"]
+    assert [r.getMessage() for r in caplog.records] == [
+        *lines, "assembled 1 event: 1 prompt (50 prompt tokens), 0 dead letters"]
+
+
+def test_a_fresh_brokers_coordinator_lines_are_debug_and_other_client_errors_stay(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from worker.kafka.observability import logs
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    touched = [logging.getLogger(name) for name in ("aiokafka", "faust", "mode", *logs.DEMOTED)]
+    saved = [(logger.level, logger.filters[:]) for logger in touched]
+    try:
+        logs.configure("INFO")
+        coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
+        coordinator.error("Group Coordinator Request failed: %s",
+                          "[Error 15] GroupCoordinatorNotAvailableError")
+        coordinator.warning("Marking the coordinator dead (node %s)for group %s.", 1, "g")
+        logging.getLogger("aiokafka").error('Unable connect to "%s:%s": %s', "127.0.0.1", 9, "x")
+        logging.getLogger("aiokafka").error("Unable connect to node with id %s: %s", 1, "x")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for logger, (was, filters) in zip(touched, saved, strict=True):
+            logger.setLevel(was)
+            logger.filters[:] = filters
+    (line,) = capsys.readouterr().err.splitlines()
+    assert json.loads(line)["message"] == "Unable connect to node with id 1: x"

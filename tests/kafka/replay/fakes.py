@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from worker.kafka.records import Headers
@@ -75,6 +77,16 @@ class FakeReader(TopicReader):
                     None)
             for p in partitions
         }
+
+    async def follow(
+        self, starts: Mapping[TopicPartition, int]
+    ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+        """What is stored from `starts` on; then nothing more ever comes."""
+        for tp, start in starts.items():
+            for found in self.topics.partition(tp.topic, tp.partition):
+                if found.offset >= start:
+                    yield found
+        await asyncio.Event().wait()
 
     async def read(
         self, topic: str, spans: Sequence[Span], *, compacted: bool = False

@@ -21,6 +21,7 @@ from worker.intake.codec import Limits
 from worker.intake.policies import build_registry
 from worker.kafka.records import ERR, HandlerContext, Origin, handle, value_of
 from worker.kafka.replay import replay as module
+from worker.kafka.replay.reader import RangeError
 from worker.kafka.replay.replay import NotRecorded, ReplayRequest, find_recorded, replay
 from worker.kafka.settings import Settings
 
@@ -96,6 +97,22 @@ def test_count_and_ranges_bound_the_replay(topics: Topics) -> None:
     assert [r.coordinates for r in by_time.replayed] == [(1, 0), (1, 1), (1, 2)]
     by_offset = run(request(starts=[(0, 1)], ends=[(0, 3)]))
     assert [r.coordinates for r in by_offset.replayed] == [(0, 1), (0, 2)]
+
+
+@pytest.mark.parametrize(("fields", "asked"), [
+    ({"from_ms": T + 60_000}, "from 2025-12-01T00:01:00.000Z to the last record"),
+    ({"from_ms": T - 60_000, "to_ms": T - 1}, "from 2025-11-30T23:59:00.000Z to "
+     "2025-11-30T23:59:59.999Z"),
+    ({"starts": [(0, 4)]}, "from 0:4 to the last record"),
+])
+def test_an_empty_range_says_which_range_and_where_the_records_are(
+    topics: Topics, tmp_path: Path, fields: dict[str, Any], asked: str
+) -> None:
+    with pytest.raises(RangeError) as raised:
+        run(request(out=tmp_path / "p.jsonl", **fields))
+    assert str(raised.value) == (f"nothing to replay: no event on in {asked}; its records run "
+                                 "from 2025-12-01T00:00:00.000Z to 2025-12-01T00:00:06.000Z")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_stopped_replay_keeps_what_it_replayed(topics: Topics, tmp_path: Path) -> None:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from worker.engine.errors import ContextAssemblerError
+
+
+class ListenError(ContextAssemblerError, OSError):
+    """The worker's HTTP address cannot be bound: named as the operator sets it."""
 
 
 class HealthServer:
@@ -46,7 +53,15 @@ class HealthServer:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as error:
+            await self._runner.cleanup()
+            problem = ("is in use (another worker on this machine?)"
+                       if error.errno == errno.EADDRINUSE else f"cannot be bound: {error.strerror}")
+            raise ListenError(
+                f"{self._host}:{self._port} (ASSEMBLER_HTTP_HOST:ASSEMBLER_HTTP_PORT) {problem}; "
+                "set ASSEMBLER_HTTP_PORT to a free port, or 0 for any") from None
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else self._port
 

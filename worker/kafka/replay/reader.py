@@ -5,7 +5,7 @@ Replay and explain use it; the worker's group and its committed offsets are neve
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -65,6 +65,24 @@ def parse_time(text: str) -> int:
     return (moment - _EPOCH) // _MILLISECOND  # exact: float seconds * 1000 can fall 1 ms short
 
 
+def iso(when_ms: int) -> str:
+    """Epoch milliseconds as the ISO-8601 UTC time --from-time takes."""
+    moment = _EPOCH + when_ms * _MILLISECOND
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def describe_range(
+    starts: Sequence[tuple[int, int]], from_ms: int | None, ends: Sequence[tuple[int, int]],
+    to_ms: int | None,
+) -> str:
+    """A range as its --from, --from-time and --to give it."""
+    positions = ", ".join(f"{p}:{o}" for p, o in starts)
+    begin = (f"from {positions}" if starts else f"from {iso(from_ms)}" if from_ms is not None
+             else "from the first record")
+    stops = [f"{p}:{o}" for p, o in ends] + ([iso(to_ms)] if to_ms is not None else [])
+    return f"{begin} to {', '.join(stops) if stops else 'the last record'}"
+
+
 class TopicReader:
     def __init__(self, bootstrap_servers: str) -> None:
         self._consumer = AIOKafkaConsumer(
@@ -119,6 +137,19 @@ class TopicReader:
         end = await self._consumer.end_offsets(tps)
         return {tp.partition: (first[tp], end[tp]) for tp in tps}
 
+    async def record_times(self, topic: str) -> tuple[int, int] | None:
+        """The timestamps of the topic's first and last records still stored, or None when it
+        holds none: what a range that found nothing can be compared with."""
+        bounds = await self.bounds(topic, await self.partitions(topic))
+        firsts = [Span(p, first, first + 1) for p, (first, end) in bounds.items() if end > first]
+        # The last few: a partition's last offset may be a transaction marker, not a record.
+        lasts = [Span(p, max(first, end - 3), end) for p, (first, end) in bounds.items()]
+        first_times = [r.timestamp async for r in self.read(topic, firsts, compacted=True)]
+        last_times = [r.timestamp async for r in self.read(topic, lasts, compacted=True)]
+        if not first_times or not last_times:
+            return None
+        return min(first_times), max(last_times)
+
     async def offsets_at(
         self, topic: str, partitions: Sequence[int], when_ms: int
     ) -> dict[int, int | None]:
@@ -170,6 +201,17 @@ class TopicReader:
                 raise RangeError(f"{topic}/{partition}: offset {start} is past the end ({end})")
             spans.append(Span(partition, start, min(max(stop[partition], start), end)))
         return spans
+
+    async def follow(self, starts: Mapping[TopicPartition, int]) -> AsyncIterator[ConsumerRecord]:
+        """Records from `starts` on, as they arrive, until the caller stops reading."""
+        self._consumer.assign(list(starts))
+        for tp, offset in starts.items():
+            self._consumer.seek(tp, offset)
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    yield record
 
     async def read(
         self, topic: str, spans: Sequence[Span], *, compacted: bool = False

@@ -41,7 +41,7 @@ from worker.kafka.records import (
     value_of,
 )
 from worker.kafka.replay.outputs import OutputFiles, Progress, output_files
-from worker.kafka.replay.reader import Span, TopicReader
+from worker.kafka.replay.reader import RangeError, Span, TopicReader, describe_range, iso
 
 Coordinates = tuple[int, int]  # input partition, offset
 
@@ -115,6 +115,8 @@ async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
     async with TopicReader(request.bootstrap_servers) as reader:
         spans = await reader.spans(request.input_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
+        if not any(span.end > span.start for span in spans):
+            raise await _empty_range(reader, request)
         published: Published | None = None
         default = _handler_context(request, request.registry)
         context_for: ContextFor = lambda _: default  # noqa: E731
@@ -127,6 +129,15 @@ async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
     unrecorded = (sum(r.coordinates not in published[0] for r in replayed)
                   if published is not None else 0)
     return ReplayReport(replayed, comparisons, stop.is_set(), unrecorded)
+
+
+async def _empty_range(reader: TopicReader, request: ReplayRequest) -> RangeError:
+    """A range with no event in it: which range, and where the topic's records are."""
+    asked = describe_range(request.starts, request.from_ms, request.ends, request.to_ms)
+    times = await reader.record_times(request.input_topic)
+    stored = ("it holds no record" if times is None
+              else f"its records run from {iso(times[0])} to {iso(times[1])}")
+    return RangeError(f"nothing to replay: no event on {request.input_topic} {asked}; {stored}")
 
 
 async def _published_for_spans(

@@ -1,0 +1,22 @@
+"""The Makefile's broker targets say what is true, without starting a JVM."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_broker_address_after_broker_stop_prints_no_stale_address(tmp_path: Path) -> None:
+    """broker-stop leaves the address file for a restart; the address is only printed while
+    the broker runs."""
+    (tmp_path / "bootstrap").write_text("127.0.0.1:9092\n")
+    (tmp_path / "broker.pid").write_text("999999\n")  # no such process
+    env = {**os.environ, "KAFKA_DIR": str(tmp_path)}
+    result = subprocess.run(["make", "-s", "broker-address"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert "is not running" in result.stderr
