@@ -34,6 +34,7 @@ from tests.deploy.kustomize import Object
 from worker.intake.policies import load_policy
 from worker.kafka.observability.tracing import ENDPOINT_VARIABLE
 from worker.kafka.settings import Settings
+from worker.kafka.topics import worker_topics
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -697,6 +698,10 @@ def test_k8s_topics_job_runs_topics_create_for_the_partition_count(
     annotations = k8s["ScaledObject"]["metadata"]["annotations"]
     assert parsed.partitions == int(annotations[PARTITIONS_ANNOTATION])
     assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    # Replicated topics where an acknowledged write survives the loss of one broker.
+    assert parsed.replication_factor >= 3
+    for spec in worker_topics(Settings(), parsed.partitions, parsed.replication_factor):
+        assert spec.configs["min.insync.replicas"] == "2", spec.name
 
 
 # --------------------------------------------------------------------------- compose
