@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test test-unit test-lowest lint check bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo test test-unit test-lowest lint check check-deploy bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ lint: $(BIN)/context-assembler
 	$(BIN)/mypy
 
 check: lint test
+
+# The operations artefacts, by their own ecosystems' tools: promtool (Debian's `prometheus`
+# package) checks the alert rules and runs their unit tests.
+check-deploy:  ## promtool check and unit tests of the alert rules
+	promtool check rules deploy/prometheus/alerts.yaml
+	promtool test rules deploy/prometheus/alerts.test.yaml
 
 schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
 	$(BIN)/python -m schemas.generate
