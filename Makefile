@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test test-unit test-lowest lint check check-deploy bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo test test-unit test-lowest lint check check-deploy prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,13 @@ check: lint test
 check-deploy:  ## promtool check and unit tests of the alert rules
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts.test.yaml
+
+# The PrometheusRule carries alerts.yaml's groups as they stand: its own header (up to `spec:`),
+# then alerts.yaml from `groups:` on, indented under `spec:`.
+RULE := deploy/k8s/components/monitoring/prometheusrule.yaml
+prometheus-rule: deploy/prometheus/alerts.yaml  ## rewrite the PrometheusRule from alerts.yaml
+	{ sed -n '1,/^spec:$$/p' $(RULE); sed -n '/^groups:/,$$p' $< | sed 's/^./  &/'; } > $(RULE).tmp
+	mv $(RULE).tmp $(RULE)
 
 schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
 	$(BIN)/python -m schemas.generate
