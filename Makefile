@@ -48,10 +48,16 @@ lint: $(BIN)/context-assembler
 check: lint test
 
 # The operations artefacts, by their own ecosystems' tools: promtool (Debian's `prometheus`
-# package) checks the alert rules and runs their unit tests.
-check-deploy:  ## promtool check and unit tests of the alert rules
+# package) checks the alert rules and runs their unit tests; the AsyncAPI parser (pinned in
+# tools/asyncapi/package-lock.json, installed by `npm ci`) validates schemas/asyncapi.yaml.
+ASYNCAPI := tools/asyncapi
+check-deploy: $(ASYNCAPI)/node_modules/.package-lock.json  ## promtool and AsyncAPI checks
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts.test.yaml
+	node $(ASYNCAPI)/validate.mjs schemas/asyncapi.yaml
+
+$(ASYNCAPI)/node_modules/.package-lock.json: $(ASYNCAPI)/package.json $(ASYNCAPI)/package-lock.json
+	cd $(ASYNCAPI) && npm ci --ignore-scripts --no-audit --no-fund --silent
 
 # The PrometheusRule carries alerts.yaml's groups as they stand: its own header (up to `spec:`),
 # then alerts.yaml from `groups:` on, indented under `spec:`.
@@ -86,4 +92,4 @@ broker-stop:
 	bash scripts/kafka.sh stop $(KAFKA_DIR)
 
 clean:
-	rm -rf $(VENV) $(LOWEST) $(OUT) .kafka .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(OUT) $(ASYNCAPI)/node_modules .kafka .pytest_cache .mypy_cache .ruff_cache
