@@ -125,6 +125,20 @@ def _apply_patch(objects: list[Object], patch: Object, directory: Path) -> list[
     return objects
 
 
+def altered(obj: Object, path: tuple[str | int, ...], value: object) -> Object:
+    """A deep copy of `obj` with the field at `path` set to `value` (None: removed), to show
+    that a schema refuses it."""
+    copied: Object = copy.deepcopy(obj)
+    node: Any = copied
+    for part in path[:-1]:
+        node = node[part]
+    if value is None:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return copied
+
+
 def pod_specs(objects: list[Object]) -> Iterator[Object]:
     for obj in objects:
         template = obj.get("spec", {}).get("template")

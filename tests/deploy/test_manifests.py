@@ -396,14 +396,7 @@ def test_scaled_object_matches_kedas_crd(k8s: dict[str, Object]) -> None:
         (("spec", "triggers", 0, "metadata", "lagThreshold"), 800),  # metadata is strings
         (("spec", "scaleTargetRef", "name"), None),
     ):
-        broken = json.loads(json.dumps(scaled))
-        node = broken
-        for part in path[:-1]:
-            node = node[part]
-        if value is None:
-            del node[path[-1]]
-        else:
-            node[path[-1]] = value
+        broken = kustomize.altered(scaled, path, value)
         assert not validator.is_valid(broken), f"the CRD schema let {path} = {value!r} pass"
 
 

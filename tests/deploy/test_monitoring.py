@@ -105,14 +105,7 @@ def test_the_objects_match_the_operators_schema(objects: list[Object], kind: str
 def test_the_schema_refuses_a_broken_object(
     objects: list[Object], kind: str, path: tuple[str | int, ...], value: object
 ) -> None:
-    broken = json.loads(json.dumps(_one(objects, kind)))
-    node = broken
-    for part in path[:-1]:
-        node = node[part]
-    if value is None:
-        del node[path[-1]]
-    else:
-        node[path[-1]] = value
+    broken = kustomize.altered(_one(objects, kind), path, value)
     assert not _validator(kind).is_valid(broken), f"{kind}: {path} = {value!r} passed"
 
 
