@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test test-unit test-lowest lint check bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo test test-unit test-lowest lint check check-deploy prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,25 @@ lint: $(BIN)/context-assembler
 
 check: lint test
 
+# The operations artefacts, by their own ecosystems' tools: promtool (Debian's `prometheus`
+# package) checks the alert rules and runs their unit tests; the AsyncAPI parser (pinned in
+# tools/asyncapi/package-lock.json, installed by `npm ci`) validates schemas/asyncapi.yaml.
+ASYNCAPI := tools/asyncapi
+check-deploy: $(ASYNCAPI)/node_modules/.package-lock.json  ## promtool and AsyncAPI checks
+	promtool check rules deploy/prometheus/alerts.yaml
+	promtool test rules deploy/prometheus/alerts.test.yaml
+	node $(ASYNCAPI)/validate.mjs schemas/asyncapi.yaml
+
+$(ASYNCAPI)/node_modules/.package-lock.json: $(ASYNCAPI)/package.json $(ASYNCAPI)/package-lock.json
+	cd $(ASYNCAPI) && npm ci --ignore-scripts --no-audit --no-fund --silent
+
+# The PrometheusRule carries alerts.yaml's groups as they stand: its own header (up to `spec:`),
+# then alerts.yaml from `groups:` on, indented under `spec:`.
+RULE := deploy/k8s/components/monitoring/prometheusrule.yaml
+prometheus-rule: deploy/prometheus/alerts.yaml  ## rewrite the PrometheusRule from alerts.yaml
+	{ sed -n '1,/^spec:$$/p' $(RULE); sed -n '/^groups:/,$$p' $< | sed 's/^./  &/'; } > $(RULE).tmp
+	mv $(RULE).tmp $(RULE)
+
 schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
 	$(BIN)/python -m schemas.generate
 
@@ -75,4 +94,4 @@ broker-stop:
 	bash scripts/kafka.sh stop $(KAFKA_DIR)
 
 clean:
-	rm -rf $(VENV) $(LOWEST) $(OUT) .kafka .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(OUT) $(ASYNCAPI)/node_modules .kafka .pytest_cache .mypy_cache .ruff_cache

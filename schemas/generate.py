@@ -94,12 +94,82 @@ TRUNCATION_HEADERS: dict[str, dict[str, str]] = {
 }
 
 
+TRACEPARENT_HEADER = {
+    "traceparent": {
+        "type": "string",
+        "description": "W3C trace context of the request, if its producer set one: the worker "
+        "continues it, and copies it unchanged onto the prompt and the audit."},
+}
+#: The headers a prompt and an audit carry: where their input was read (worker/kafka/records.py).
+SOURCE_HEADERS: dict[str, dict[str, str]] = {
+    "context-assembler.source.topic": {
+        "type": "string", "description": "The input's topic."},
+    "context-assembler.source.partition": {
+        "type": "string", "pattern": "^[0-9]+$", "description": "The input's partition."},
+    "context-assembler.source.offset": {
+        "type": "string", "pattern": "^[0-9]+$", "description": "The input's offset."},
+}
+REQUEST_ID_KEY = {"type": "string", "description": "The request_id, UTF-8."}
+# AsyncAPI's Kafka bindings (github.com/asyncapi/bindings, kafka): the version of their fields.
+KAFKA_BINDING = {"bindingVersion": "0.5.0"}
+# The defaults of the worker's settings and of `context-assembler topics create`; a test
+# (tests/kafka/test_topics.py) checks them against both.
+DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
+DEFAULT_GROUP_ID = "context-assembler"
+DEFAULT_PARTITIONS = 6
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
+DAY_MS = 24 * 60 * 60 * 1000
+#: Per channel: the record key, the retention and cleanup `topics create` gives the topic.
+TOPIC_BINDINGS: dict[str, tuple[dict[str, str], int, str]] = {
+    "retrieval.results": (
+        {**REQUEST_ID_KEY, "description": "The request_id, UTF-8, as `context-assembler "
+         "produce` keys it (any key is accepted; the worker reads the value)."},
+        7 * DAY_MS, "delete"),
+    "prompts.assembled": (REQUEST_ID_KEY, 7 * DAY_MS, "delete"),
+    "context.audit": (REQUEST_ID_KEY, 30 * DAY_MS, "delete"),
+    "retrieval.results.dlq": (
+        {"type": "string", "description": "The input's own key, unchanged (none if it had "
+         "none, or if a dead letter had to be cut to its headers)."},
+        30 * DAY_MS, "delete"),
+    "assembler.policies": (
+        {"type": "string", "pattern": "^sha256:[0-9a-f]{16}$",
+         "description": "The policy hash the audits name (policy.hash)."},
+        30 * DAY_MS, "compact"),
+}
+
+
+def _headers(properties: dict[str, dict[str, str]], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+def _channel(topic: str, message: str, text: str) -> dict[str, Any]:
+    _, retention_ms, cleanup = TOPIC_BINDINGS[topic]
+    return {
+        "address": topic,
+        "messages": {message: {"$ref": f"#/components/messages/{message}"}},
+        "description": text,
+        "bindings": {"kafka": {
+            "topic": topic,
+            "partitions": DEFAULT_PARTITIONS,
+            "topicConfiguration": {"cleanup.policy": [cleanup], "retention.ms": retention_ms,
+                                   "max.message.bytes": DEFAULT_MAX_MESSAGE_BYTES},
+            **KAFKA_BINDING,
+        }},
+    }
+
+
 def asyncapi() -> dict[str, Any]:
     messages: dict[str, Any] = {
         name: {"name": name, "contentType": "application/json",
                "payload": {"$ref": f"./{name}.schema.json"}}
         for name in RECORDS
     }
+    messages["retrieval-result"]["headers"] = _headers({**TRACEPARENT_HEADER, "tracestate": {
+        "type": "string", "description": "W3C trace state, read with traceparent when tracing "
+        "is on; not copied onto the outputs."}}, [])
+    for name in ("assembled-prompt", "assembly-audit"):
+        messages[name]["headers"] = _headers({**SOURCE_HEADERS, **TRACEPARENT_HEADER},
+                                             list(SOURCE_HEADERS))
     messages["dead-letter"] = {
         "name": "dead-letter",
         "contentType": "application/octet-stream",
@@ -108,25 +178,24 @@ def asyncapi() -> dict[str, Any]:
             "the context-assembler.truncated header is true."
         },
         "headers": {
-            "type": "object",
-            "properties": {
-                **{f"__connect.errors.{name}": {"type": "string"} for name in DEAD_LETTER_HEADERS},
+            **_headers({
+                **{f"__connect.errors.{name}": {"type": "string"}
+                   for name in DEAD_LETTER_HEADERS},
                 **TRUNCATION_HEADERS,
                 "context-assembler.redrive.count": {
                     "type": "string", "description": "How often `context-assembler redrive` "
                     "sent this input back already (absent: never)."},
-            },
+                **TRACEPARENT_HEADER,
+            }, [f"__connect.errors.{name}" for name in DEAD_LETTER_HEADERS]),
+            "description": "The input's own headers, then Kafka Connect's error headers.",
         },
     }
-    channels = {
-        topic: {
-            "address": topic,
-            "messages": {message: {"$ref": f"#/components/messages/{message}"}},
-            "description": text,
-        }
-        for topic, (_, message, text) in CHANNELS.items()
-    }
-    operations = {
+    for topic, (_, message, _) in CHANNELS.items():
+        messages[message]["bindings"] = {"kafka": {"key": TOPIC_BINDINGS[topic][0],
+                                                   **KAFKA_BINDING}}
+    channels = {topic: _channel(topic, message, text)
+                for topic, (_, message, text) in CHANNELS.items()}
+    operations: dict[str, Any] = {
         f"{action}-{topic.replace('.', '-')}": {
             "action": action,
             "channel": {"$ref": f"#/channels/{topic}"},
@@ -134,12 +203,33 @@ def asyncapi() -> dict[str, Any]:
         }
         for topic, (action, _, text) in CHANNELS.items()
     }
+    for operation in operations.values():
+        if operation["action"] == "receive":
+            operation["bindings"] = {"kafka": {
+                "groupId": {"type": "string", "default": DEFAULT_GROUP_ID,
+                            "description": "ASSEMBLER_GROUP_ID: the workers share the "
+                            "partitions of one group."},
+                **KAFKA_BINDING,
+            }}
     return {
         "asyncapi": "3.0.0",
         "info": {
             "title": "Context Assembler",
             "version": "1",
             "description": "Records keyed by request_id. Same event and policy: same bytes.",
+        },
+        "servers": {
+            "kafka": {
+                "host": "{bootstrapServers}",
+                "protocol": "kafka",
+                "description": "The Kafka cluster the workers' ASSEMBLER_BOOTSTRAP_SERVERS "
+                "names. Topic names, partitions and retention are the defaults of the "
+                "worker's settings and of `context-assembler topics create`.",
+                "variables": {"bootstrapServers": {
+                    "default": DEFAULT_BOOTSTRAP_SERVERS,
+                    "description": "host:port of a broker (ASSEMBLER_BOOTSTRAP_SERVERS)."}},
+                "bindings": {"kafka": KAFKA_BINDING},
+            },
         },
         "channels": channels,
         "operations": operations,

@@ -1,7 +1,7 @@
 """The subset of kustomize that deploy/k8s uses, so the tests read the objects `kubectl apply -k`
 would apply without needing the kustomize binary: resources (files and directories),
-configMapGenerator (files, envs), generatorOptions labels, components, images, and patches that
-delete an object or JSON-patch one. Anything else in a kustomization fails the render, and
+configMapGenerator (files, envs), generatorOptions labels, components (images, resource files),
+images, and patches that delete an object or JSON-patch one. Anything else in a kustomization fails the render, and
 `test_manifests` compares this render with `kubectl kustomize` wherever kubectl is installed.
 
 Generated ConfigMaps keep their plain names here; kustomize appends a hash of their content
@@ -82,8 +82,13 @@ def render(directory: Path) -> list[Object]:
     for entry in doc.get("components", []):
         component = kustomization(directory / entry)
         assert component["kind"] == "Component", f"{entry} is not a Component"
-        assert set(component) <= {"apiVersion", "kind", "images"}, f"{entry}: only images"
+        assert set(component) <= {"apiVersion", "kind", "images", "resources"}, (
+            f"{entry}: only images and resource files"
+        )
         images.extend(component.get("images", []))
+        for name in component.get("resources", []):
+            assert (directory / entry / name).is_file(), f"{entry}: resource {name} is not a file"
+            objects.extend(load_yaml(directory / entry / name))
     for image in images:
         for container in containers(objects):
             name = re.split(r"[:@]", container["image"], maxsplit=1)[0]
@@ -118,6 +123,20 @@ def _apply_patch(objects: list[Object], patch: Object, directory: Path) -> list[
             assert last in node, f"{directory}: {operation['path']} does not exist to replace"
             node[last] = copy.deepcopy(operation["value"])
     return objects
+
+
+def altered(obj: Object, path: tuple[str | int, ...], value: object) -> Object:
+    """A deep copy of `obj` with the field at `path` set to `value` (None: removed), to show
+    that a schema refuses it."""
+    copied: Object = copy.deepcopy(obj)
+    node: Any = copied
+    for part in path[:-1]:
+        node = node[part]
+    if value is None:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return copied
 
 
 def pod_specs(objects: list[Object]) -> Iterator[Object]:

@@ -34,6 +34,7 @@ from tests.deploy.kustomize import Object
 from worker.intake.policies import load_policy
 from worker.kafka.observability.tracing import ENDPOINT_VARIABLE
 from worker.kafka.settings import Settings
+from worker.kafka.topics import worker_topics
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -297,7 +298,7 @@ def image_user() -> tuple[int, int]:
 def test_every_file_under_deploy_k8s_is_used() -> None:
     used: set[Path] = set()
     for directory in [*(path for path, _, _ in ENTRY_POINTS.values()),
-                      K8S / "components" / "image"]:
+                      K8S / "components" / "image", K8S / "components" / "monitoring"]:
         doc = kustomize.kustomization(directory)
         used.add(directory / "kustomization.yaml")
         for entry in doc.get("resources", []):
@@ -395,14 +396,7 @@ def test_scaled_object_matches_kedas_crd(k8s: dict[str, Object]) -> None:
         (("spec", "triggers", 0, "metadata", "lagThreshold"), 800),  # metadata is strings
         (("spec", "scaleTargetRef", "name"), None),
     ):
-        broken = json.loads(json.dumps(scaled))
-        node = broken
-        for part in path[:-1]:
-            node = node[part]
-        if value is None:
-            del node[path[-1]]
-        else:
-            node[path[-1]] = value
+        broken = kustomize.altered(scaled, path, value)
         assert not validator.is_valid(broken), f"the CRD schema let {path} = {value!r} pass"
 
 
@@ -698,6 +692,10 @@ def test_k8s_topics_job_runs_topics_create_for_the_partition_count(
     annotations = k8s["ScaledObject"]["metadata"]["annotations"]
     assert parsed.partitions == int(annotations[PARTITIONS_ANNOTATION])
     assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    # Replicated topics where an acknowledged write survives the loss of one broker.
+    assert parsed.replication_factor >= 3
+    for spec in worker_topics(Settings(), parsed.partitions, parsed.replication_factor):
+        assert spec.configs["min.insync.replicas"] == "2", spec.name
 
 
 # --------------------------------------------------------------------------- compose

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "context-assembler.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
 METRIC = re.compile(r"\bcontext_assembler_[a-z_]+\b")
-# Labels every scraped series gets from Prometheus, and `le` of histogram buckets.
-TARGET_LABELS = {"instance", "job", "le"}
+ALERT_TESTS = ALERTS.with_name("alerts.test.yaml")
+# Labels every scraped series gets from Prometheus (`namespace` from Kubernetes discovery: the
+# PodMonitor, or the usual relabelling of the prometheus.io annotations), and `le` of buckets.
+TARGET_LABELS = {"instance", "job", "namespace", "le"}
+SCOPE = ("namespace", "job")
 # Label names a query groups or matches by: `by (a, b)`, `{a="x"}`.
 GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 MATCHERS = re.compile(r"(context_assembler_[a-z_]+)\{([^}]*)\}")
@@ -99,8 +104,23 @@ def test_the_dashboard_shows_what_operators_watch() -> None:
         refs = [target["refId"] for target in panel["targets"]]
         assert len(refs) == len(set(refs)), panel["title"]
     # queries use the dashboard's datasource variable, so it imports into any Grafana
-    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert list(variables) == ["datasource", *SCOPE]
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
+
+
+def test_the_dashboard_shows_one_deployment_at_a_time() -> None:
+    """Every series is picked by the namespace and job variables, each a single choice, so
+    two deployments of the worker never add up in one panel."""
+    dashboard = json.loads(DASHBOARD.read_text("utf-8"))
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    for label in SCOPE:
+        assert variables[label]["multi"] is False and variables[label]["includeAll"] is False
+        assert f", {label})" in variables[label]["query"]["query"]
+    scope = '{namespace=~"$namespace", job=~"$job"}'
+    for query in dashboard_queries():
+        selectors = re.findall(r"\bcontext_assembler_[a-z_]+(\{[^}]*\})?", query)
+        assert selectors and all(selector == scope for selector in selectors), query
 
 
 def test_alert_rules_cover_lag_dead_letters_readiness_and_retries() -> None:
@@ -114,3 +134,37 @@ def test_alert_rules_cover_lag_dead_letters_readiness_and_retries() -> None:
         assert rule["annotations"]["summary"]
         assert re.fullmatch(r"\d+[smh]", rule["for"])
         assert rule["expr"].count("(") == rule["expr"].count(")")
+
+
+def test_every_alert_is_per_deployment() -> None:
+    """Grouped by namespace and job, so two deployments' series never add up to one alert."""
+    for rule in alert_rules():
+        if rule["expr"].lstrip().startswith("absent("):
+            continue  # no series at all: no deployment to name
+        groupings = [{label.strip() for label in group.split(",")}
+                     for group in GROUPING.findall(rule["expr"])]
+        assert groupings or "sum" not in rule["expr"], rule["alert"]
+        for labels in groupings:
+            assert set(SCOPE) <= labels, f"{rule['alert']} groups by {labels}"
+
+
+def test_every_alert_has_promtool_tests_firing_and_not_firing() -> None:
+    document = yaml.safe_load(ALERT_TESTS.read_text("utf-8"))
+    assert document["rule_files"] == [ALERTS.name]
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for test in document["tests"]:
+        for case in test["alert_rule_test"]:
+            (firing if case["exp_alerts"] else silent).add(case["alertname"])
+    names = {rule["alert"] for rule in alert_rules()}
+    assert firing == names, f"never shown firing: {names - firing}"
+    assert silent == names, f"never shown quiet: {names - silent}"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+@pytest.mark.parametrize("command", [["check", "rules", str(ALERTS)],
+                                     ["test", "rules", str(ALERT_TESTS)]])
+def test_promtool_passes(command: list[str]) -> None:
+    result = subprocess.run(["promtool", *command], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

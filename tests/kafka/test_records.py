@@ -90,6 +90,24 @@ def test_the_dead_letter_headers_are_the_ones_the_asyncapi_file_lists() -> None:
     assert [k.removeprefix(ERR) for k, _ in letter.headers if k.startswith(ERR)] == DEAD_LETTER_HEADERS
 
 
+def test_the_output_headers_are_the_ones_the_asyncapi_file_lists() -> None:
+    from schemas.generate import asyncapi
+
+    messages = asyncapi()["components"]["messages"]
+    for traced in (False, True):
+        headers = (("traceparent", b"00-abc-def-01"),) if traced else ()
+        for record, name in zip(run(GOOD, headers).records,
+                                ("assembled-prompt", "assembly-audit"), strict=True):
+            described = messages[name]["headers"]
+            sent = [key for key, _ in record.headers]
+            assert set(sent) <= set(described["properties"]), name
+            assert set(described["required"]) <= set(sent), name
+            assert ("traceparent" in sent) is traced
+            key = messages[name]["bindings"]["kafka"]["key"]
+            assert key["description"].startswith("The request_id")
+            assert record.key == b"q30-staff"
+
+
 # Sizes: every record is sized as the producer sizes it, and kept within max_message_bytes.
 
 def test_record_size_is_the_producers_own_estimate() -> None:

@@ -32,12 +32,49 @@ def test_worker_topics_follow_the_settings() -> None:
         assert (spec.partitions, spec.replication_factor) == (12, 3)
         # The broker must accept every record the worker allows itself to send.
         assert spec.configs["max.message.bytes"] == "2000000"
+        # Three replicas: an acknowledged write is on two of them, so one broker may fail.
+        assert spec.configs["min.insync.replicas"] == "2"
     retention = {name: int(spec.configs["retention.ms"]) for name, spec in specs.items()}
     assert retention["audit"] == retention["dlq"] > retention["in"] == retention["out"]
     # One record per policy hash, kept for as long as outputs may name it.
     compacted = [name for name, spec in specs.items()
                  if spec.configs.get("cleanup.policy") == "compact"]
     assert compacted == ["policies"]
+
+
+@pytest.mark.parametrize("replication_factor", [1, 2])
+def test_fewer_than_three_replicas_keep_the_brokers_min_insync_replicas(
+    replication_factor: int,
+) -> None:
+    for spec in worker_topics(Settings(), 6, replication_factor):
+        assert "min.insync.replicas" not in spec.configs, spec.name
+
+
+def test_the_asyncapi_file_describes_the_topics_topics_create_makes() -> None:
+    """Its Kafka bindings state the defaults of the settings and of `topics create`."""
+    from schemas.generate import asyncapi
+    from worker.cli.main import build_parser
+
+    document = asyncapi()
+    defaults = build_parser().parse_args(["topics", "create"])
+    settings = Settings()
+    (server,) = document["servers"].values()
+    assert server["variables"]["bootstrapServers"]["default"] == settings.bootstrap_servers
+    specs = {spec.name: spec for spec in worker_topics(settings, defaults.partitions,
+                                                       defaults.replication_factor)}
+    assert set(document["channels"]) == set(specs)
+    for name, channel in document["channels"].items():
+        binding = channel["bindings"]["kafka"]
+        assert (binding["topic"], binding["partitions"]) == (name, specs[name].partitions)
+        configs = specs[name].configs
+        assert binding["topicConfiguration"] == {
+            "cleanup.policy": [configs.get("cleanup.policy", "delete")],
+            "retention.ms": int(configs["retention.ms"]),
+            "max.message.bytes": int(configs["max.message.bytes"]),
+        }, name
+    (consume,) = (op for op in document["operations"].values() if op["action"] == "receive")
+    assert consume["channel"]["$ref"] == f"#/channels/{settings.input_topic}"
+    assert consume["bindings"]["kafka"]["groupId"]["default"] == settings.group_id
 
 
 def test_the_watch_covers_every_worker_topic() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,32 @@ def test_generated_schema_files_match_the_models() -> None:
     stale = [path.name for path, text in rendered().items()
              if not path.exists() or path.read_text() != text]
     assert stale == [], f"run `python -m schemas.generate`: {stale}"
+
+
+VALIDATOR = Path(__file__).resolve().parents[2] / "tools" / "asyncapi"
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not (VALIDATOR / "node_modules").is_dir(),
+                    reason="the AsyncAPI parser is not installed (make check-deploy installs it)")
+def test_the_asyncapi_parser_accepts_the_document() -> None:
+    document = generate.HERE / "asyncapi.yaml"
+    result = subprocess.run(["node", str(VALIDATOR / "validate.mjs"), str(document)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "valid AsyncAPI 3.0.0" in result.stdout
+
+
+def test_the_asyncapi_document_names_its_server_and_kafka_bindings() -> None:
+    document = generate.asyncapi()
+    (server,) = document["servers"].values()
+    assert server["protocol"] == "kafka"
+    for channel in document["channels"].values():
+        assert channel["bindings"]["kafka"]["topic"] == channel["address"]
+    messages = document["components"]["messages"]
+    for _, name, _ in generate.CHANNELS.values():
+        assert messages[name]["bindings"]["kafka"]["key"]["type"] == "string", name
+    headed = {name for name, message in messages.items() if "headers" in message}
+    assert headed == {"retrieval-result", "assembled-prompt", "assembly-audit", "dead-letter"}
 
 
 def test_the_current_schemas_keep_the_promise_of_their_version() -> None:

@@ -29,6 +29,11 @@ DAY_MS = 24 * 60 * 60 * 1000
 # Kafka's default retention; dead letters and audits are kept longer, for whoever looks late.
 OUTPUT_RETENTION_MS = 7 * DAY_MS
 LONG_RETENTION_MS = 30 * DAY_MS
+# With three replicas or more, a write is acknowledged once two hold it (acks=all): one broker
+# may be down and nothing acknowledged is lost with the leader. Fewer replicas keep the
+# broker's default, so a lone broker down does not stop every write.
+MIN_INSYNC_REPLICAS = 2
+MIN_INSYNC_FROM_REPLICATION = 3
 
 
 class TopicError(ContextAssemblerError):
@@ -55,8 +60,11 @@ class TopicSpec:
 def worker_topics(settings: Settings, partitions: int, replication_factor: int) -> list[TopicSpec]:
     """The topics the worker reads and writes; one line per topic (a compacted one just sets
     `cleanup.policy=compact`). max.message.bytes is the worker's MAX_MESSAGE_BYTES, so the
-    broker accepts every record the worker allows itself to send."""
+    broker accepts every record the worker allows itself to send; min.insync.replicas is 2
+    where the replication factor leaves a broker to spare."""
     common = {"max.message.bytes": str(settings.max_message_bytes)}
+    if replication_factor >= MIN_INSYNC_FROM_REPLICATION:
+        common["min.insync.replicas"] = str(MIN_INSYNC_REPLICAS)
 
     def spec(name: str, retention_ms: int, **extra: str) -> TopicSpec:
         configs = {**common, "retention.ms": str(retention_ms), **extra}
