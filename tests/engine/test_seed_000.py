@@ -226,3 +226,17 @@ def test_the_preset_decides_as_seed_000s_algorithm(generated: RetrievalResult) -
         elif drop.reason.value == "duplicate":
             twin = by_id[drop.duplicate_of or ""]
             assert twin.text == by_id[drop.chunk_id].text and twin.chunk_id in kept
+
+
+def test_a_sweep_shows_what_the_budget_was_charged() -> None:
+    """Under seed 000's arithmetic the passages' costs, which stay within each budget even
+    where the separators would tip the joined context over it."""
+    chunks = [seed_chunk(str(i), f"d{i}", f"Pump kit {i}.") for i in range(12)]
+    points = sweep(event(chunks), ESTIMATED, [100, 150, 300])
+    for point in points:
+        audit = assemble(event(chunks), policy_from_mapping(
+            {"budget": {"context_tokens": point.budget, "window": None}}, base=ESTIMATED)).audit
+        assert point.tokens == sum(k.tokens for k in audit.kept) <= point.budget
+    assert any(point.tokens < assemble(event(chunks), policy_from_mapping(
+        {"budget": {"context_tokens": point.budget, "window": None}}, base=ESTIMATED)
+    ).audit.tokens.context for point in points)
