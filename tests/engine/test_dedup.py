@@ -66,17 +66,19 @@ def test_parts_lists_that_differ_in_part_numbers_stay_at_0_818() -> None:
         "near_duplicate", "p24", 0.818)
 
 
+SEED_002_EXAMPLE_2 = {
+    "policy-returns": "Refunds are processed within five business days to the original payment method.",
+    "policy-returns-copy": "Refunds are processed within five business days to the original payment method.",
+    "policy-returns-near": "Refunds are processed within 5 business days to the original payment method.",
+    "policy-shipping": "Standard shipping is free for orders over 50 dollars and arrives in three to five days.",
+    "blog-holiday": "During the holiday season our warehouse team works around the clock to pack every order with care and joy.",
+    "faq-tracking": "You can track your order with the tracking number in your confirmation email.",
+    "policy-warranty": "Electronics carry a twelve month warranty covering manufacturing defects only.",
+}
+
+
 def test_exact_and_near_copies_seed_002_example_2() -> None:
-    texts = {
-        "policy-returns": "Refunds are processed within five business days to the original payment method.",
-        "policy-returns-copy": "Refunds are processed within five business days to the original payment method.",
-        "policy-returns-near": "Refunds are processed within 5 business days to the original payment method.",
-        "policy-shipping": "Standard shipping is free for orders over 50 dollars and arrives in three to five days.",
-        "blog-holiday": "During the holiday season our warehouse team works around the clock to pack every order with care and joy.",
-        "faq-tracking": "You can track your order with the tracking number in your confirmation email.",
-        "policy-warranty": "Electronics carry a twelve month warranty covering manufacturing defects only.",
-    }
-    chunks = [chunk(k, v) for k, v in texts.items()]
+    chunks = [chunk(k, v) for k, v in SEED_002_EXAMPLE_2.items()]
     decisions = first_copy(chunks, near_threshold=0.8, numbers_must_match=False)
     assert decisions["policy-returns-copy"] == ("duplicate", "policy-returns", 1.0)
     assert decisions["policy-returns-near"] == ("near_duplicate", "policy-returns", 0.846)
@@ -86,12 +88,14 @@ def test_exact_and_near_copies_seed_002_example_2() -> None:
     assert first_copy(chunks, near_threshold=0.8)["policy-returns-near"] == ("kept", None, 0.0)
 
 
+SEED_004_ROWS = ["The relocation cap for Berlin is 4000 EUR.",
+                 "Relocation cap for Berlin is 4000 EUR. Apply within 90 days of arrival.",
+                 "The relocation cap for Berlin is 4000 EUR.",
+                 "Parental leave is 14 weeks in Germany."]
+
+
 def test_seed_004_dedupe_keeps_three_of_four() -> None:
-    rows = ["The relocation cap for Berlin is 4000 EUR.",
-            "Relocation cap for Berlin is 4000 EUR. Apply within 90 days of arrival.",
-            "The relocation cap for Berlin is 4000 EUR.",
-            "Parental leave is 14 weeks in Germany."]
-    chunks = [chunk(f"p{i}", text, doc_id=f"d{i}") for i, text in enumerate(rows, start=1)]
+    chunks = [chunk(f"p{i}", text, doc_id=f"d{i}") for i, text in enumerate(SEED_004_ROWS, start=1)]
     decisions = first_copy(chunks, near_threshold=0.7, drop_title_line="never")
     assert [k for k, v in decisions.items() if v[0] == "kept"] == ["p1", "p2", "p4"]
 

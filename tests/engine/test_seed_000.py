@@ -9,12 +9,12 @@ same way by both.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.engine_bench import naive_format, naive_jaccard
 from schemas.models import Chunk, RetrievalResult
 from tests.factories import chunk, event, example
 from worker.diagnose.explain import SEED_BUDGETS, sweep
@@ -130,24 +130,7 @@ def test_q30_with_other_titles_keeps_the_seeds_sets() -> None:
     assert kept[300] == ["wcp-3-pumps", "pw2400-winter"] and kept[100] == ["pw2400-winter"]
 
 
-# --- Seed 000's algorithm, as the seed prints it -------------------------------------------
-
-def _seed_words(text: str) -> set[str]:
-    body = text.split("\n", 1)[1] if "\n" in text else text
-    return set(re.findall(r"\w+", body.lower()))
-
-
-def _seed_jaccard(a: str, b: str) -> float:
-    wa, wb = _seed_words(a), _seed_words(b)
-    return len(wa & wb) / len(wa | wb) if wa | wb else 1.0
-
-
-def _seed_format(c: Chunk) -> str:
-    dates = f"in force from {c.effective_from}" + (
-        f" to {c.effective_to}" if c.effective_to else ", no end date")
-    return (f"[{c.chunk_id}] {c.title} | {c.doc_type}, version {c.version}, {dates} | "
-            f"section: {c.section or '-'}\n{c.text}")
-
+# --- Seed 000's algorithm, as the seed prints it (its helpers are the bench's baseline) ----
 
 @dataclass
 class SeedContext:
@@ -160,11 +143,11 @@ def seed_000_assemble(chunks: list[Chunk], budget: int = 1500) -> SeedContext:
     ctx, kept = SeedContext(), list[Chunk]()
     for c in chunks:
         twin = next((k for k in kept if k.doc_id != c.doc_id
-                     and _seed_jaccard(k.text, c.text) >= 0.9), None)
+                     and naive_jaccard(k.text, c.text) >= 0.9), None)
         if twin is not None:
             ctx.dropped.append((c.chunk_id, f"near-duplicate of {twin.chunk_id}"))
             continue
-        cost = math.ceil(len(_seed_format(c)) / 4)
+        cost = math.ceil(len(naive_format(c)) / 4)
         if ctx.tokens + cost > budget:
             ctx.dropped.append((c.chunk_id, "over budget"))
             continue

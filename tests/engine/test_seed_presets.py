@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.engine.test_dedup import SEED_002_EXAMPLE_2, SEED_004_ROWS
 from tests.factories import chunk, event
 from worker.engine import assemble
 from worker.intake.policies import load_preset
@@ -9,16 +10,8 @@ from worker.intake.policies import load_preset
 
 def test_seed_002_example_2_under_window_8k() -> None:
     """The exact copy and the "5" for "five" rewording (Jaccard 0.846) both go; five stay."""
-    texts = {
-        "policy-returns": "Refunds are processed within five business days to the original payment method.",
-        "policy-returns-copy": "Refunds are processed within five business days to the original payment method.",
-        "policy-returns-near": "Refunds are processed within 5 business days to the original payment method.",
-        "policy-shipping": "Standard shipping is free for orders over 50 dollars and arrives in three to five days.",
-        "blog-holiday": "During the holiday season our warehouse team works around the clock to pack every order with care and joy.",
-        "faq-tracking": "You can track your order with the tracking number in your confirmation email.",
-        "policy-warranty": "Electronics carry a twelve month warranty covering manufacturing defects only.",
-    }
-    audit = assemble(event([chunk(k, v) for k, v in texts.items()]), load_preset("window-8k")).audit
+    chunks = [chunk(k, v) for k, v in SEED_002_EXAMPLE_2.items()]
+    audit = assemble(event(chunks), load_preset("window-8k")).audit
     assert [(d.chunk_id, d.reason.value, d.duplicate_of, d.similarity) for d in audit.dropped] == [
         ("policy-returns-copy", "duplicate", "policy-returns", 1.0),
         ("policy-returns-near", "near_duplicate", "policy-returns", 0.8462),
@@ -39,11 +32,7 @@ def test_seed_002_leaves_no_line_out() -> None:
 
 
 def test_seed_004_dedupe_keeps_three_of_four_under_rank_fidelity() -> None:
-    rows = ["The relocation cap for Berlin is 4000 EUR.",
-            "Relocation cap for Berlin is 4000 EUR. Apply within 90 days of arrival.",
-            "The relocation cap for Berlin is 4000 EUR.",
-            "Parental leave is 14 weeks in Germany."]
-    chunks = [chunk(f"p{i}", text, doc_id=f"d{i}") for i, text in enumerate(rows, start=1)]
+    chunks = [chunk(f"p{i}", text, doc_id=f"d{i}") for i, text in enumerate(SEED_004_ROWS, start=1)]
     audit = assemble(event(chunks), load_preset("rank-fidelity")).audit
     assert sorted(k.chunk_id for k in audit.kept) == ["p1", "p2", "p4"]
     assert [(d.chunk_id, d.duplicate_of) for d in audit.dropped] == [("p3", "p1")]
