@@ -1,6 +1,7 @@
 """The assembly policy: every knob of the engine, validated, with a canonical hash.
 
-Defaults reproduce seed 000's rules with a real tokenizer. A policy file (TOML) overrides
+Defaults are seed 000's rules with a real tokenizer, made safer where the seed's own text
+names a risk (the `estimated` preset is the seed exactly). A policy file (TOML) overrides
 only the keys it names; its hash goes into every output so a replay can tell whether it ran
 under the same rules.
 """
