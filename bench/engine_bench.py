@@ -192,7 +192,7 @@ def engine_outcome(assembly: Assembly) -> Outcome:
     return Outcome(
         tuple(k.chunk_id for k in audit.kept),
         tuple(d.chunk_id for d in audit.dropped if d.reason is DropReason.NEAR_DUPLICATE),
-        audit.tokens.context,
+        sum(k.tokens for k in audit.kept),  # the passages' own costs, as the naive sums them
     )
 
 

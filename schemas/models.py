@@ -233,7 +233,10 @@ class Citation(_Record):
 
 
 class TokenUsage(_Record):
-    context: int = Field(description="Tokens of the kept passages, headers included.")
+    context: int = Field(
+        description="Tokens of the published context: the kept passages with their headers "
+        "and the separators between them."
+    )
     prompt: int = Field(description="Tokens of every message, chat overhead included.")
     budget: int = Field(description="Passage budget this request was packed against.")
     tokenizer: str

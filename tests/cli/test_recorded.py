@@ -9,6 +9,7 @@ import pytest
 
 from tests.factories import EXAMPLES, naming_policy
 from worker.cli.main import main
+from worker.engine.version import __version__
 from worker.intake.policies import build_registry
 from worker.intake.recorded import read_records
 
@@ -44,8 +45,8 @@ def test_policy_diff_shows_what_changed(
     assert main(["policy", "--diff", default_hash, tight_hash.removeprefix("sha256:"),
                  "--policies", str(records)]) == 1
     assert capsys.readouterr().out.splitlines() == [
-        f"--- default {default_hash} (engine 0.1.0)",
-        f"+++ tight {tight_hash} (engine 0.1.0)",
+        f"--- default {default_hash} (engine {__version__})",
+        f"+++ tight {tight_hash} (engine {__version__})",
         "budget.context_tokens: 1500 -> 300",
     ]
     assert main(["policy", "--diff", default_hash, default_hash, "--policies", str(records)]) == 0

@@ -1,6 +1,7 @@
 from tests.factories import example, policy
 from worker.diagnose.compare import compare, decisions
 from worker.engine import assemble
+from worker.engine.version import __version__
 from worker.intake.codec import encode
 from worker.intake.policies import load_preset
 
@@ -42,3 +43,28 @@ def test_decisions_read_like_the_explain_table() -> None:
     audit = assemble(example("q30-customer"), load_preset("estimated")).audit
     assert decisions(audit)["wcp-3-pumps"].startswith("dropped: access_denied")
     assert decisions(audit)["wp-2-periods"] == "kept as [wp-2-periods]"
+
+
+def _as_made_by(records: tuple[bytes, bytes], version: str) -> tuple[bytes, bytes]:
+    current = f'"version":"{__version__}"'.encode()
+    return records[0].replace(current, f'"version":"{version}"'.encode()), records[1].replace(
+        current, f'"version":"{version}"'.encode())
+
+
+def test_another_engine_version_is_named_even_when_nothing_else_changed() -> None:
+    published = _as_made_by(records("q30-staff"), "0.0.9")
+    result = compare("q30-staff", "in/0/1", published, records("q30-staff"))
+    assert result.status == "different"
+    assert result.lines == [
+        f"engine: published by 0.0.9, replayed by {__version__}: the engine's decisions "
+        "changed between them, so a difference may come from the code, not the policy",
+        "the same decisions, token figures and prompt text",
+    ]
+
+
+def test_another_engine_version_comes_before_the_changed_decisions() -> None:
+    published = _as_made_by(records("q30-staff"), "0.0.9")
+    tighter = records("q30-staff", tokenizer={"encoding": "chars/4"}, budget={"context_tokens": 300})
+    lines = compare("q30-staff", "in/0/1", published, tighter).lines
+    assert lines[1].startswith("engine: published by 0.0.9, replayed by")
+    assert any(line.startswith("chunk wp-2-periods (rank 2): kept") for line in lines)

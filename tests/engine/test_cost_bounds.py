@@ -199,7 +199,7 @@ def test_hostile_text_costs_about_what_benign_text_of_its_size_costs(policy_name
 def test_word_sets_of_long_texts_are_not_cached() -> None:
     long_text = chunk("big", "x " * words.WORD_CACHE_MAX_CHARS)
     before = len(words.CACHE)
-    assert words.chunk_words(long_text, drop_title_line=True).all == {"x"}
+    assert words.chunk_words(long_text, drop_title_line="title").all == {"x"}
     assert len(words.CACHE) == before
 
 

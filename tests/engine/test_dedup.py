@@ -72,7 +72,7 @@ def test_the_title_line_is_left_out_and_rank_decides_which_copy_stays() -> None:
     a = chunk("pw2400", "PW-2400 guide\n" + body, doc_id="pw2400", title="PW-2400 guide")
     b = chunk("pw2200", "PW-2200 guide\n" + body, doc_id="pw2200", title="PW-2200 guide")
     assert first_copy([a, b])["pw2200"] == ("near_duplicate", "pw2400", 1.0)
-    assert first_copy([a, b], drop_title_line=False)["pw2200"][0] == "kept"
+    assert first_copy([a, b], drop_title_line="never")["pw2200"][0] == "kept"
 
 
 def test_parts_lists_that_differ_in_part_numbers_stay_at_0_818() -> None:
@@ -87,17 +87,19 @@ def test_parts_lists_that_differ_in_part_numbers_stay_at_0_818() -> None:
         "near_duplicate", "p24", 0.818)
 
 
+SEED_002_EXAMPLE_2 = {
+    "policy-returns": "Refunds are processed within five business days to the original payment method.",
+    "policy-returns-copy": "Refunds are processed within five business days to the original payment method.",
+    "policy-returns-near": "Refunds are processed within 5 business days to the original payment method.",
+    "policy-shipping": "Standard shipping is free for orders over 50 dollars and arrives in three to five days.",
+    "blog-holiday": "During the holiday season our warehouse team works around the clock to pack every order with care and joy.",
+    "faq-tracking": "You can track your order with the tracking number in your confirmation email.",
+    "policy-warranty": "Electronics carry a twelve month warranty covering manufacturing defects only.",
+}
+
+
 def test_exact_and_near_copies_seed_002_example_2() -> None:
-    texts = {
-        "policy-returns": "Refunds are processed within five business days to the original payment method.",
-        "policy-returns-copy": "Refunds are processed within five business days to the original payment method.",
-        "policy-returns-near": "Refunds are processed within 5 business days to the original payment method.",
-        "policy-shipping": "Standard shipping is free for orders over 50 dollars and arrives in three to five days.",
-        "blog-holiday": "During the holiday season our warehouse team works around the clock to pack every order with care and joy.",
-        "faq-tracking": "You can track your order with the tracking number in your confirmation email.",
-        "policy-warranty": "Electronics carry a twelve month warranty covering manufacturing defects only.",
-    }
-    chunks = [chunk(k, v) for k, v in texts.items()]
+    chunks = [chunk(k, v) for k, v in SEED_002_EXAMPLE_2.items()]
     decisions = first_copy(chunks, near_threshold=0.8, numbers_must_match=False)
     assert decisions["policy-returns-copy"] == ("duplicate", "policy-returns", 1.0)
     assert decisions["policy-returns-near"] == ("near_duplicate", "policy-returns", 0.846)
@@ -107,13 +109,15 @@ def test_exact_and_near_copies_seed_002_example_2() -> None:
     assert first_copy(chunks, near_threshold=0.8)["policy-returns-near"] == ("kept", None, 0.0)
 
 
+SEED_004_ROWS = ["The relocation cap for Berlin is 4000 EUR.",
+                 "Relocation cap for Berlin is 4000 EUR. Apply within 90 days of arrival.",
+                 "The relocation cap for Berlin is 4000 EUR.",
+                 "Parental leave is 14 weeks in Germany."]
+
+
 def test_seed_004_dedupe_keeps_three_of_four() -> None:
-    rows = ["The relocation cap for Berlin is 4000 EUR.",
-            "Relocation cap for Berlin is 4000 EUR. Apply within 90 days of arrival.",
-            "The relocation cap for Berlin is 4000 EUR.",
-            "Parental leave is 14 weeks in Germany."]
-    chunks = [chunk(f"p{i}", text, doc_id=f"d{i}") for i, text in enumerate(rows, start=1)]
-    decisions = first_copy(chunks, near_threshold=0.7, drop_title_line=False)
+    chunks = [chunk(f"p{i}", text, doc_id=f"d{i}") for i, text in enumerate(SEED_004_ROWS, start=1)]
+    decisions = first_copy(chunks, near_threshold=0.7, drop_title_line="never")
     assert [k for k, v in decisions.items() if v[0] == "kept"] == ["p1", "p2", "p4"]
 
 
@@ -176,14 +180,14 @@ def test_different_first_lines_of_faq_chunks_are_answers_not_titles() -> None:
 def test_the_first_line_is_left_out_only_when_it_is_the_title() -> None:
     text = "PW-2400 Care Guide\nWinter storage\nEmpty the pump."
     body = {"winter", "storage", "empty", "the", "pump"}
-    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line=True).all == body
-    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line=False).all == body | {"pw", "2400", "care", "guide"}
-    assert chunk_words(chunk("a", text), drop_title_line=True).all == body | {"pw", "2400", "care", "guide"}
-    assert chunk_words(chunk("a", text, title="PW-2400"), drop_title_line=True).all == body | {"pw", "2400", "care", "guide"}
+    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line="title").all == body
+    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line="never").all == body | {"pw", "2400", "care", "guide"}
+    assert chunk_words(chunk("a", text), drop_title_line="title").all == body | {"pw", "2400", "care", "guide"}
+    assert chunk_words(chunk("a", text, title="PW-2400"), drop_title_line="title").all == body | {"pw", "2400", "care", "guide"}
     one_line = chunk("a", "PW-2400 care guide", title="PW-2400 care guide")  # no body: nothing left out
-    assert chunk_words(one_line, drop_title_line=True).all == {"pw", "2400", "care", "guide"}
-    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line=True).numbers == set()
-    assert chunk_words(chunk("a", text), drop_title_line=True).numbers == {"2400"}
+    assert chunk_words(one_line, drop_title_line="title").all == {"pw", "2400", "care", "guide"}
+    assert chunk_words(chunk("a", text, title="PW-2400 care guide"), drop_title_line="title").numbers == set()
+    assert chunk_words(chunk("a", text), drop_title_line="title").numbers == {"2400"}
 
 
 def test_seed_000_q30_and_parts_are_reproduced_with_the_example_texts() -> None:
@@ -222,7 +226,7 @@ def test_texts_that_differ_in_a_number_are_never_near_duplicates(
     result = assemble(event([a, b]), Policy())
     assert all(d.reason is not DropReason.NEAR_DUPLICATE for d in result.audit.dropped)
     assert [k.chunk_id for k in result.audit.kept] == ["a", "b"]
-    if jaccard(chunk_words(a, drop_title_line=True).all, chunk_words(b, drop_title_line=True).all) >= 0.9:
+    if jaccard(chunk_words(a, drop_title_line="title").all, chunk_words(b, drop_title_line="title").all) >= 0.9:
         off = policy(dedup={"numbers_must_match": False})  # the rule is what keeps both
         assert [d.reason for d in assemble(event([a, b]), off).audit.dropped] == [DropReason.NEAR_DUPLICATE]
 
@@ -268,10 +272,10 @@ def test_past_the_scan_limit_the_prefix_index_finds_what_a_full_scan_finds(
     kept: list[Candidate] = []
     for rank, text in enumerate(texts, start=1):
         candidate = Candidate(rank, chunk(f"c{rank}", text))
-        words = chunk_words(candidate.chunk, drop_title_line=True).all
+        words = chunk_words(candidate.chunk, drop_title_line="title").all
         expected = [
             k for k in kept if k.chunk.text != text
-            and jaccard(words, chunk_words(k.chunk, drop_title_line=True).all) >= t - 1e-9
+            and jaccard(words, chunk_words(k.chunk, drop_title_line="title").all) >= t - 1e-9
         ]
         identical = [k for k in kept if k.chunk.text == text]
         twin = detector.find_twin(candidate)

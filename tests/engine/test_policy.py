@@ -141,3 +141,25 @@ def test_a_separator_that_could_break_the_documents_block_is_refused(separator: 
 @pytest.mark.parametrize("separator", ["\n", "\n\n", "\n---\n", "\n\n* * *\n\n", "\t\n==\n"])
 def test_a_separator_of_line_breaks_and_marks_is_accepted(separator: str) -> None:
     assert policy_from_mapping({"render": {"separator": separator}}).render.separator == separator
+
+
+def test_the_first_line_rule_reads_its_old_spelling() -> None:
+    assert policy_from_mapping({"dedup": {"drop_title_line": True}}).dedup.drop_title_line == "title"
+    assert policy_from_mapping({"dedup": {"drop_title_line": False}}).dedup.drop_title_line == "never"
+    assert policy_from_mapping({"dedup": {"drop_title_line": "always"}}).dedup.drop_title_line == "always"
+    with pytest.raises(PolicyError, match=r"dedup\.drop_title_line"):
+        policy_from_mapping({"dedup": {"drop_title_line": "sometimes"}})
+
+
+def test_policies_that_use_neither_new_knob_keep_the_hash_they_were_recorded_under() -> None:
+    """The policy records published before the knobs existed still hash to their keys."""
+    import json
+    import pathlib
+
+    fixtures = pathlib.Path(__file__).parent.parent / "schemas" / "fixtures" / "v1"
+    records = [json.loads(line) for line in (fixtures / "policy-record.jsonl").read_text().splitlines()]
+    assert records and all("charge_separators" not in r["settings"]["budget"] for r in records)
+    for record in records:
+        assert Policy.model_validate({**record["settings"], "name": record["name"]}).hash == record["hash"]
+    assert policy_from_mapping({"dedup": {"drop_title_line": "always"}}).hash != Policy().hash
+    assert policy_from_mapping({"budget": {"charge_separators": False}}).hash != Policy().hash

@@ -117,3 +117,21 @@ def test_differences_and_settings_off_the_defaults() -> None:
         "budget.context_tokens = 300 (default 1500)", 'order.mode = "edges" (default "rank")']
     recorded.add(old.hash.encode(), record_bytes(old))
     assert not_defaults(recorded.record(old.hash)) == []
+
+
+def test_a_record_of_an_older_engine_differs_only_where_its_rules_do() -> None:
+    """Before the first-line rule had three values and before charge_separators existed,
+    the default policy's record said `drop_title_line = true` and nothing of separators."""
+    older = Policy().model_dump(mode="json", exclude={"name"})
+    older["dedup"]["drop_title_line"] = True
+    del older["budget"]["charge_separators"]
+    now = Policy().model_dump(mode="json", exclude={"name"})
+    assert differences(older, now) == []
+    tight = policy_from_mapping({"budget": {"context_tokens": 300}}).model_dump(
+        mode="json", exclude={"name"})
+    assert differences(older, tight) == ["budget.context_tokens: 1500 -> 300"]
+    recorded = RecordedPolicies("t")
+    recorded.add(Policy().hash.encode(), json.dumps({
+        "name": "service", "hash": Policy().hash, "settings": older,
+        "engine": {"version": "0.1.0"}}).encode())
+    assert not_defaults(recorded.record(Policy().hash)) == []

@@ -22,6 +22,7 @@ from tests.support.worker import (
     read_topic,
 )
 from worker.cli.main import main
+from worker.engine.version import __version__
 from worker.intake.policies import build_registry
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -141,7 +142,7 @@ def test_explain_prints_the_recorded_policy(
                  broker.bootstrap_servers, "--audit-topic", two.topics.audit,
                  "--policies-topic", two.topics.policies]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1] == (f"recorded policy tight {two.hash_b} (engine 0.1.0): settings that "
+    assert lines[1] == (f"recorded policy tight {two.hash_b} (engine {__version__}): settings that "
                         "differ from the defaults:")
     assert lines[2] == "  budget.context_tokens = 300 (default 1500)"
     assert lines[3].startswith(f"request {request_id} | policy tight ({two.hash_b})")
@@ -154,7 +155,7 @@ def test_policy_diff_reads_the_topic(
     assert main(["policy", "--diff", two.hash_a, two.hash_b, "--bootstrap-servers",
                  broker.bootstrap_servers, "--policies-topic", two.topics.policies]) == 1
     assert capsys.readouterr().out.splitlines() == [
-        f"--- default {two.hash_a} (engine 0.1.0)",
-        f"+++ tight {two.hash_b} (engine 0.1.0)",
+        f"--- default {two.hash_a} (engine {__version__})",
+        f"+++ tight {two.hash_b} (engine {__version__})",
         "budget.context_tokens: 1500 -> 300",
     ]

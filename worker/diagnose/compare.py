@@ -2,7 +2,8 @@
 
 Pure functions over the two records' bytes: first the rules (policy, engine, tokenizer),
 then each chunk whose decision changed with both reasons, then tokens, then the prompt
-text as a unified diff.
+text as a unified diff. An engine version that differs is named first: outputs of another
+engine need not match under the same policy, since the version moves with the decisions.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def _rules(old: AssemblyAudit, new: AssemblyAudit) -> list[str]:
         lines.append(f"policy: {old.policy.name} {old.policy.hash} -> "
                      f"{new.policy.name} {new.policy.hash}")
     if old.engine != new.engine:
-        lines.append(f"engine: {old.engine.version} -> {new.engine.version}")
+        lines.append(
+            f"engine: published by {old.engine.version}, replayed by {new.engine.version}: "
+            "the engine's decisions changed between them, so a difference may come from "
+            "the code, not the policy")
     if old.tokens.tokenizer != new.tokens.tokenizer:
         lines.append(f"tokenizer: {old.tokens.tokenizer} -> {new.tokens.tokenizer}")
     return lines
@@ -95,6 +99,9 @@ def compare(
     new_prompt = AssembledPrompt.model_validate_json(replayed[0])
     old_audit = AssemblyAudit.model_validate_json(published[1])
     new_audit = AssemblyAudit.model_validate_json(replayed[1])
-    lines = (_rules(old_audit, new_audit) + _chunks(old_audit, new_audit)
-             + _tokens(old_audit, new_audit) + _text(old_prompt, new_prompt))
-    return Comparison(request_id, origin, "different", lines or ["bytes differ"])
+    rules = _rules(old_audit, new_audit)
+    changes = (_chunks(old_audit, new_audit) + _tokens(old_audit, new_audit)
+               + _text(old_prompt, new_prompt))
+    if rules and not changes:
+        changes = ["the same decisions, token figures and prompt text"]
+    return Comparison(request_id, origin, "different", rules + changes or ["bytes differ"])

@@ -81,7 +81,7 @@ SEED_BUDGETS = [*range(100, 1001, 50), 1500]  # seed 000's explorer slider
 class SweepPoint:
     budget: int
     kept: list[str]  # chunk_ids in context order
-    tokens: int
+    tokens: int  # what the budget was charged: the joined context, or the passages alone
 
 
 def sweep(event: RetrievalResult, policy: Policy, budgets: list[int]) -> list[SweepPoint]:
@@ -92,7 +92,9 @@ def sweep(event: RetrievalResult, policy: Policy, budgets: list[int]) -> list[Sw
             {"budget": {"context_tokens": amount, "window": None}}, base=policy
         )
         audit = assemble(event, fixed).audit
-        points.append(SweepPoint(amount, [k.chunk_id for k in audit.kept], audit.tokens.context))
+        charged = (audit.tokens.context if policy.budget.charge_separators
+                   else sum(k.tokens for k in audit.kept))
+        points.append(SweepPoint(amount, [k.chunk_id for k in audit.kept], charged))
     return points
 
 

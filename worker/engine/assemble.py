@@ -197,7 +197,9 @@ def _pack(
     return pack(
         passed,
         budget=budget,
-        separator_tokens=counter.count(policy.render.separator),
+        separator_tokens=(
+            counter.count(policy.render.separator) if policy.budget.charge_separators else 0
+        ),
         policy=policy.select,
         compress=policy.compress,
         detector=CopyDetector(policy.dedup),
@@ -324,7 +326,7 @@ def _records(
     passage_tokens = [counter.count(text) for text in shown.passages]
     policy_ref = PolicyRef(name=policy.name, hash=policy.hash)
     tokens = TokenUsage(
-        context=sum(passage_tokens),
+        context=_context_tokens(shown.passages, policy.render.separator, counter),
         prompt=prompt_tokens,
         budget=plan.passages,
         tokenizer=counter.name,
@@ -474,14 +476,15 @@ def _overflow(
     exact: TokenCounter,
     counts: _PromptTokens,
 ) -> str | None:
-    """Why this rendering does not fit, or None: the joined context must recount within
-    the passage budget, and the whole prompt within window - max_output."""
-    joined: list[str] = []
-    for text in passages:
-        joined += [text, policy.render.separator]
-    context_tokens = counter.count_parts(joined[:-1])
-    if context_tokens > plan.passages:
-        return f"the joined context would need {context_tokens} of {plan.passages} tokens"
+    """Why this rendering does not fit, or None: the joined context (or, where separators
+    are not charged, the passages' own counts summed) must recount within the passage
+    budget, and the whole prompt within window - max_output."""
+    if policy.budget.charge_separators:
+        context_tokens = _context_tokens(passages, policy.render.separator, counter)
+        if context_tokens > plan.passages:
+            return f"the joined context would need {context_tokens} of {plan.passages} tokens"
+    elif (passage_tokens := sum(map(counter.count, passages))) > plan.passages:
+        return f"the passages would need {passage_tokens} of {plan.passages} tokens"
     if plan.prompt_limit is None:
         return None
     for tokenizer in dict.fromkeys((counter, exact)):  # the reported count, then the exact one
@@ -492,6 +495,14 @@ def _overflow(
                 f"window - max_output = {plan.prompt_limit}"
             )
     return None
+
+
+def _context_tokens(passages: list[str], separator: str, counter: TokenCounter) -> int:
+    """The count of the passages joined as the published context, from their parts."""
+    joined: list[str] = []
+    for text in passages:
+        joined += [text, separator]
+    return counter.count_parts(joined[:-1])
 
 
 _by_rank: Final = operator.attrgetter("rank")

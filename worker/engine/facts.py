@@ -22,7 +22,8 @@ import sys
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from worker.engine.cache import SizedCache
-from worker.engine.words import Sketch, chunk_sketch, is_cached
+from worker.engine.policy import TitleLineRule
+from worker.engine.words import Sketch, chunk_sketch, is_cached, left_out
 
 if TYPE_CHECKING:
     from worker.engine.candidate import Candidate
@@ -94,9 +95,9 @@ def _remember(
     return facts
 
 
-def sketch(candidate: Candidate, *, drop_title_line: bool) -> Sketch:
+def sketch(candidate: Candidate, *, drop_title_line: TitleLineRule) -> Sketch:
     """`words.chunk_sketch` of the candidate's chunk, made once per text and title."""
-    title = candidate.title if drop_title_line else None
+    title = left_out(candidate.title, drop_title_line)
     for found in candidate.facts.sketches:
         if found.title == title:
             return found

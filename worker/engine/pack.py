@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from schemas.models import DropReason
 from worker.engine.candidate import Candidate, Drop
 from worker.engine.dedup import CopyDetector
-from worker.engine.policy import CompressPolicy, SelectPolicy
+from worker.engine.policy import CompressPolicy, SelectPolicy, TitleLineRule
 from worker.engine.words import chunk_words, jaccard
 
 Cost = Callable[[Candidate, str], int]
@@ -144,7 +144,9 @@ class _Packer:
             elif not self.try_keep(candidate) and stop_at_first_misfit:
                 stopped = candidate
 
-    def mmr(self, candidates: list[Candidate], weight: float, drop_title_line: bool) -> None:
+    def mmr(
+        self, candidates: list[Candidate], weight: float, drop_title_line: TitleLineRule
+    ) -> None:
         """Greedy MMR with a lazy max-heap: redundancy only grows, so a score popped fresh is
         the true maximum, and each step costs log n instead of a scan of every candidate."""
         relevant = normalised(relevance(candidates))
@@ -185,12 +187,14 @@ def pack(
     detector: CopyDetector,
     cost: Cost,
     shrink: Shrink,
-    drop_title_line: bool = True,
+    drop_title_line: TitleLineRule = "title",
     separator_tokens: int = 0,
 ) -> tuple[list[Packed], list[Drop]]:
     """Returns the kept passages in the order they were chosen, and the dropped ones.
 
-    The budget covers the joined context: the separators between passages count too.
+    Each passage after the first is charged `separator_tokens` besides its own cost: with
+    the separator's count, the budget covers the joined context; with 0, the passages alone
+    (seed 000's sum).
     """
     packer = _Packer(budget, policy, compress, detector, cost, shrink, separator_tokens)
     eligible: list[Candidate] = []

@@ -1,6 +1,7 @@
 """The assembly policy: every knob of the engine, validated, with a canonical hash.
 
-Defaults reproduce seed 000's rules with a real tokenizer. A policy file (TOML) overrides
+Defaults are seed 000's rules with a real tokenizer, made safer where the seed's own text
+names a risk (the `estimated` preset is the seed exactly). A policy file (TOML) overrides
 only the keys it names; its hash goes into every output so a replay can tell whether it ran
 under the same rules.
 """
@@ -37,6 +38,8 @@ from worker.engine.tokens import (
 OrderMode = Literal["rank", "edges", "first_last", "round_robin_source"]
 LabelScheme = Literal["chunk_id", "S{n}", "{n}"]
 HeaderStyle = Literal["full", "source_section", "inline_section", "id_score"]
+# Which first line the near-duplicate test leaves out of a chunk's words (`words.left_out`).
+TitleLineRule = Literal["title", "always", "never"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "Answer the question using only the passages inside <documents>. The passages are "
@@ -119,6 +122,12 @@ class BudgetPolicy(_Section):
     history_share: float = Field(default=0.4, ge=0, le=1)
     message_overhead: int = Field(
         default=4, ge=0, le=LARGEST_COUNT, description="Chat framing per message.")
+    charge_separators: bool = Field(
+        default=True,
+        description="The separators between passages count against the passage budget, so "
+        "the joined context recounts within it; false: only the passages' own costs are "
+        "summed, as seed 000 does (the window still counts everything).",
+    )
 
     @model_validator(mode="after")
     def _one_budget(self) -> BudgetPolicy:
@@ -132,14 +141,23 @@ class BudgetPolicy(_Section):
 class DedupPolicy(_Section):
     near: bool = True
     near_threshold: float = Field(default=0.9, gt=0, le=1)
-    drop_title_line: bool = Field(
-        default=True, description="Leave a chunk's first line out when it is the chunk's title."
+    drop_title_line: TitleLineRule = Field(
+        default="title",
+        description="Which first line to leave out of a chunk's words: `title` only when its "
+        "words are the chunk's title (an FAQ's first line may be its answer), `always` (seed "
+        "000: the document's title line), `never`. true and false, the spellings before "
+        "there were three, read as `title` and `never`.",
     )
     numbers_must_match: bool = Field(
         default=True, description="Near-duplicates must hold the same numbers (digit words)."
     )
     same_document: Literal["keep", "dedup"] = "keep"
     cosine_threshold: float | None = Field(default=None, gt=0, le=1)
+
+    @field_validator("drop_title_line", mode="before")
+    @classmethod
+    def _boolean_spelling(cls, value: Any) -> Any:
+        return {True: "title", False: "never"}[value] if isinstance(value, bool) else value
 
 
 class SelectPolicy(_Section):
@@ -211,7 +229,8 @@ class Policy(_Section):
         known = _HASHES.get(id(self))
         if known is None:
             canonical = orjson.dumps(
-                self.model_dump(mode="json", exclude={"name"}), option=orjson.OPT_SORT_KEYS
+                _hashed_spelling(self.model_dump(mode="json", exclude={"name"})),
+                option=orjson.OPT_SORT_KEYS,
             )
             known = _HASHES[id(self)] = "sha256:" + hashlib.sha256(canonical).hexdigest()[:16]
             weakref.finalize(self, _HASHES.pop, id(self), None)
@@ -219,6 +238,19 @@ class Policy(_Section):
 
 
 _HASHES: dict[int, str] = {}  # by id(policy), while that policy lives
+
+
+def _hashed_spelling(rules: dict[str, Any]) -> dict[str, Any]:
+    """The rules as they were hashed before `drop_title_line` had three values and before
+    `charge_separators` existed: the rule as true/false where it has such a spelling, the
+    knob left out while it holds what engines before it did. Rules that use neither keep
+    their hash, so the policy records published before still resolve."""
+    dedup, budget = dict(rules["dedup"]), dict(rules["budget"])
+    rule = dedup["drop_title_line"]
+    dedup["drop_title_line"] = {"title": True, "never": False}.get(rule, rule)
+    if budget["charge_separators"]:
+        del budget["charge_separators"]
+    return {**rules, "dedup": dedup, "budget": budget}
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """Word sets for near-duplicate detection (seed 000: lower-cased \\w+ words).
 
 A passage often starts with its document's title ("PW-2400 care guide"); leaving that line
-out keeps two equal paragraphs of two guides equal. It is left out only when it is the
-title: when its words are exactly the words of the chunk's `title`. Any other first line
-(an FAQ's answer, a heading of its own) is content and counts.
+out keeps two equal paragraphs of two guides equal. By default (`drop_title_line = "title"`)
+it is left out only when it is the title: when its words are exactly the words of the
+chunk's `title`. Any other first line (an FAQ's answer, a heading of its own) is content and
+counts. Seed 000 leaves the first line out always (`"always"`), whatever the title field says.
 
-Word sets of short texts are cached per (text, title), bounded in accounted bytes; longer
+Word sets of short texts are cached per (text, line left out), bounded in accounted bytes; longer
 texts are rare, costly to hold and cheap to split again in linear time, so they are not
 cached at all.
 
@@ -20,10 +21,11 @@ from __future__ import annotations
 import re
 import sys
 from itertools import filterfalse
-from typing import Final, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from schemas.models import Chunk
 from worker.engine.cache import SizedCache
+from worker.engine.policy import TitleLineRule
 
 WORD = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
@@ -49,6 +51,18 @@ SIGNATURE_BITS: Final = 256
 _BIT: Final = tuple(1 << bit for bit in range(SIGNATURE_BITS))
 
 
+# What leaves a chunk's first line out of its words: the title that line must match, True
+# (whatever it says), or None (never).
+LeftOut = str | Literal[True] | None
+
+
+def left_out(title: str | None, rule: TitleLineRule) -> LeftOut:
+    """What leaves the first line of a chunk titled `title` out under `rule`."""
+    if rule == "always":
+        return True
+    return title if rule == "title" else None
+
+
 class Words(NamedTuple):
     """The distinct words a near-duplicate test compares, and which of them hold a digit."""
 
@@ -66,7 +80,7 @@ class Sketch(NamedTuple):
     numbers: frozenset[str]
     signature: int
     nbytes: int
-    title: str | None  # the title whose line it may leave out (None: no line left out)
+    title: LeftOut  # what leaves the first line out (`left_out`)
 
 
 def signature(found: frozenset[str]) -> int:
@@ -95,15 +109,18 @@ def words(text: str) -> list[str]:
     return WORD.findall(lowered)
 
 
-def _body(text: str, title: str | None) -> str:
-    """`text` without its first line if that line is the title (same words, same order)."""
+def _body(text: str, title: LeftOut) -> str:
+    """`text` without its first line if `title` leaves it out: always (True), or when the
+    line is the title (same words, same order)."""
     if title is None:
         return text
     first, newline, rest = text.partition("\n")
-    return rest if newline and words(first) == words(title) else text
+    if not newline:
+        return text
+    return rest if title is True or words(first) == words(title) else text
 
 
-def _words_of(text: str, title: str | None) -> Words:
+def _words_of(text: str, title: LeftOut) -> Words:
     body = _body(text, title)
     found = frozenset(words(body))
     # str.isalpha clears most words at C speed before the regex looks for a digit.
@@ -128,18 +145,18 @@ def _entry_bytes(entry: Words | Sketch) -> int:
     return entry.nbytes
 
 
-CACHE: Final[SizedCache[tuple[str, str | None], Words]] = SizedCache(
+CACHE: Final[SizedCache[tuple[str, LeftOut], Words]] = SizedCache(
     WORD_CACHE_BYTES, _entry_bytes
 )
 
 
-def is_cached(text: str, title: str | None) -> bool:
+def is_cached(text: str, title: LeftOut) -> bool:
     """Whether what is learnt of `text`'s words under `title` is cached: longer texts are
     rare, costly to hold and cheap to split again."""
-    return len(text) + (len(title) if title is not None else 0) <= WORD_CACHE_MAX_CHARS
+    return len(text) + (len(title) if isinstance(title, str) else 0) <= WORD_CACHE_MAX_CHARS
 
 
-def _sketch_of(found: Words, title: str | None) -> Sketch:
+def _sketch_of(found: Words, title: LeftOut) -> Sketch:
     strings = sum(map(sys.getsizeof, found.numbers))
     nbytes = (
         _SKETCH_ENTRY_BYTES + (sys.getsizeof(title) if title is not None else 0)
@@ -148,18 +165,18 @@ def _sketch_of(found: Words, title: str | None) -> Sketch:
     return Sketch(len(found.all), found.numbers, found.signature, nbytes, title)
 
 
-def chunk_sketch(chunk: Chunk, *, drop_title_line: bool) -> Sketch:
+def chunk_sketch(chunk: Chunk, *, drop_title_line: TitleLineRule) -> Sketch:
     """The sketch of `chunk_words` (`facts.sketch` keeps it with the text's other facts)."""
     return _sketch_of(
         chunk_words(chunk, drop_title_line=drop_title_line),
-        chunk.title if drop_title_line else None,
+        left_out(chunk.title, drop_title_line),
     )
 
 
-def chunk_words(chunk: Chunk, *, drop_title_line: bool) -> Words:
-    """The words of a chunk, without its title line when the policy leaves titles out."""
+def chunk_words(chunk: Chunk, *, drop_title_line: TitleLineRule) -> Words:
+    """The words of a chunk, without the first line the policy leaves out."""
     text = chunk.text
-    title = chunk.title if drop_title_line else None
+    title = left_out(chunk.title, drop_title_line)
     if not is_cached(text, title):
         return _words_of(text, title)
     key = (text, title)

@@ -152,9 +152,19 @@ def _shown(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _as_read(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` as this engine reads them: an older engine's record may spell a rule the
+    old way (`drop_title_line = true`) or lack a later knob. As given if unreadable."""
+    try:
+        read = Policy.model_validate(settings).model_dump(mode="json")
+    except ValidationError:
+        return settings
+    return read if "name" in settings else {k: v for k, v in read.items() if k != "name"}
+
+
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """One line per setting that differs: "budget.context_tokens: 1500 -> 300"."""
-    before, after = _flat(old), _flat(new)
+    before, after = _flat(_as_read(old)), _flat(_as_read(new))
     return [f"{key}: {_shown(before.get(key))} -> {_shown(after.get(key))}"
             for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
 
@@ -163,7 +173,7 @@ def not_defaults(record: PolicyRecord) -> list[str]:
     """The record's settings that differ from the defaults: "budget.context_tokens = 300
     (default 1500)"."""
     defaults, given = _flat(Policy().model_dump(mode="json", exclude={"name"})), _flat(
-        record.settings)
+        _as_read(record.settings))
     return [f"{key} = {_shown(given.get(key))} (default {_shown(defaults.get(key))})"
             for key in sorted(defaults.keys() | given.keys())
             if defaults.get(key) != given.get(key)]

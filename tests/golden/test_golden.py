@@ -1,0 +1,20 @@
+"""The engine version moves with the decisions (see `fingerprints.py`)."""
+
+from __future__ import annotations
+
+from tests.golden.fingerprints import fingerprints, recorded
+from worker.engine.version import __version__
+
+
+def test_the_golden_outputs_are_those_recorded_for_this_engine_version() -> None:
+    known = recorded()
+    assert __version__ in known, (
+        f"engine {__version__} has no recorded golden outputs: "
+        "run python -m tests.golden.fingerprints")
+    changed = {preset for preset, digest in fingerprints().items()
+               if known[__version__].get(preset) != digest}
+    assert not changed, (
+        f"the outputs of {sorted(changed)} are not those engine {__version__} gave: a change "
+        "of decisions raises worker/engine/version.py, then python -m tests.golden.fingerprints "
+        "records the new version")
+
