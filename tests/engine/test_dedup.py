@@ -53,6 +53,9 @@ def test_exact_copies_within_one_document_and_version_are_duplicates() -> None:
               for n, version in enumerate(["3", "3", None, None])]
     assert first_copy(copies) == {"c0": ("kept", None, 0.0), "c1": ("duplicate", "c0", 1.0),
                                   "c2": ("kept", None, 0.0), "c3": ("duplicate", "c2", 1.0)}
+    # Seed 000 merges nothing within a document (the `estimated` preset's "keep").
+    assert first_copy(copies, same_document="keep") == dict.fromkeys(
+        ["c0", "c1", "c2", "c3"], ("kept", None, 0.0))
 
 
 def test_copies_of_one_passage_cannot_crowd_the_answer_out_of_the_budget() -> None:

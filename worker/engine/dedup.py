@@ -118,13 +118,14 @@ class CopyDetector:
         # text: finding a kept twin of another document takes at most two looks, however
         # many copies.
         self._kept_by_text: dict[int, dict[str, Candidate]] = {}
-        # (text_key, document, version) -> the first kept chunk: an exact copy within one
-        # document and version is a copy even where documents are kept apart.
+        # (text_key, document, version) -> the first kept chunk: under `same_document =
+        # "copies"`, an exact copy within one document and version is a copy.
         self._kept_copies: dict[tuple[int, str, str | None], Candidate] = {}
         self._kept: list[Candidate] = []  # every kept chunk, when near-duplicates are looked for
         # Of the first SCAN_LIMIT, each with its document (None where documents may merge).
         self._kept_sketches: list[tuple[Candidate, Sketch, str | None]] = []
         self._merge_within_documents = policy.same_document == "dedup"
+        self._merge_copies = policy.same_document == "copies"
         self._kept_words: list[tuple[Candidate, Words]] = []  # beyond: full sets, indexed
         self._kept_by_prefix_word: dict[str, list[tuple[Candidate, Words]]] = {}
         self._indexed = 0  # the prefix index holds the first this many of `_kept_words`
@@ -156,7 +157,7 @@ class CopyDetector:
             for kept in same_text.values():
                 if kept.text == candidate.text and self._may_merge(kept, candidate):
                     return Twin(kept, DropReason.DUPLICATE, 1.0, "identical text")
-            copy = self._kept_copies.get(self._copy_key(candidate))
+            copy = self._kept_copies.get(self._copy_key(candidate)) if self._merge_copies else None
             if copy is not None and copy.text == candidate.text:
                 return Twin(copy, DropReason.DUPLICATE, 1.0, "identical text")
         best = None  # `_kept` is empty unless near-duplicates are looked for
@@ -269,7 +270,8 @@ class CopyDetector:
         self._kept_by_text.setdefault(candidate.text_key, {}).setdefault(
             candidate.document, candidate
         )
-        self._kept_copies.setdefault(self._copy_key(candidate), candidate)
+        if self._merge_copies:
+            self._kept_copies.setdefault(self._copy_key(candidate), candidate)
         if self._policy.near:
             self._kept.append(candidate)
             if len(self._kept) <= SCAN_LIMIT:

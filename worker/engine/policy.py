@@ -151,7 +151,12 @@ class DedupPolicy(_Section):
     numbers_must_match: bool = Field(
         default=True, description="Near-duplicates must hold the same numbers (digit words)."
     )
-    same_document: Literal["keep", "dedup"] = "keep"
+    same_document: Literal["copies", "keep", "dedup"] = Field(
+        default="copies",
+        description="Chunks of one document: `copies` merges only exact copies within one "
+        "version (or within none), `keep` never merges them (seed 000: their differences are "
+        "the point), `dedup` merges near-duplicates too (the numbers rule still applies).",
+    )
     cosine_threshold: float | None = Field(default=None, gt=0, le=1)
 
     @field_validator("drop_title_line", mode="before")
