@@ -136,13 +136,15 @@ def test_a_closed_stream_the_command_needs_is_named_with_status_2(
 def test_with_stderr_closed_nothing_but_outputs_reaches_stdout(tmp_path: Path) -> None:
     refused = run_without("stderr", "-m", "worker.cli", "assemble", str(EVENTS))
     assert (refused.returncode, refused.stdout) == (2, "")  # error records go to stderr
-    errors = tmp_path / "errors.jsonl"
-    done = run_without("stderr", "-m", "worker.cli", "assemble", str(EVENTS),
+    events, errors = tmp_path / "events.jsonl", tmp_path / "errors.jsonl"
+    events.write_text(EVENTS.read_text() + "not json\n")
+    done = run_without("stderr", "-m", "worker.cli", "assemble", str(events),
                        "--errors", str(errors))
-    assert done.returncode == 1  # as with stderr open: one line of the examples is refused
+    assert done.returncode == 1  # as with stderr open: the last line is refused
     assert [json.loads(line)["request_id"] for line in done.stdout.splitlines()] == [
-        json.loads(line)["request_id"] for line in EVENTS.read_text().splitlines()[:7]]
-    assert len(errors.read_text().splitlines()) == 1
+        json.loads(line)["request_id"] for line in EVENTS.read_text().splitlines()]
+    assert [json.loads(line)["origin"] for line in errors.read_text().splitlines()] == [
+        f"{events}:{len(EVENTS.read_text().splitlines()) + 1}"]
 
 
 def test_a_file_opened_with_stdout_closed_does_not_take_its_number(tmp_path: Path) -> None:

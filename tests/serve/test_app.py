@@ -521,18 +521,22 @@ async def test_a_connection_that_never_finishes_its_head_is_closed_without_a_slo
     writer.close()
 
 
-def adversarial(request_id: str = "r", chunk_id: str = "c", chunks: int = 20) -> bytes:
+def adversarial(request_id: str = "r", chunk_id: str = "c", chunks: int = 20,
+                audience: str | None = None) -> bytes:
     """A small event whose untrusted strings an answer could copy once per chunk."""
+    restricted = {} if audience is None else {"audience": ["staff"]}
     return json.dumps({"request_id": request_id, "question": "what is the refund window?",
-                       "chunks": [{"chunk_id": f"{chunk_id}{i}", "text": "refunds: 30 days"}
-                                  for i in range(chunks)]}).encode()
+                       **({} if audience is None else {"audience": audience}),
+                       "chunks": [{"chunk_id": f"{chunk_id}{i}", "text": "refunds: 30 days",
+                                   **restricted} for i in range(chunks)]}).encode()
 
 
 @pytest.mark.parametrize(
     "data",
-    [adversarial(request_id="r" * 20_000), adversarial(chunk_id="k" * 400),
-     adversarial(request_id="\u2028" * 2000, chunk_id="\u00e9" * 100)],
-    ids=["long-request-id", "long-chunk-ids", "escaped-characters"],
+    [adversarial(request_id="r" * 20_000), adversarial(chunk_id="k" * 250),
+     adversarial(request_id="\u2028" * 2000, chunk_id="\u00e9" * 100),
+     adversarial(audience="a" * 20_000)],
+    ids=["long-request-id", "long-chunk-ids", "escaped-characters", "long-audience"],
 )
 async def test_an_answer_is_a_small_multiple_of_its_request(
     served: tuple[Service, str], data: bytes
@@ -560,8 +564,13 @@ async def test_an_unexpected_error_answering_is_a_500_in_the_rejection_shape(
 
 
 async def test_a_client_that_does_not_read_its_answer_is_cut_off() -> None:
-    service = Service(build_registry(None, ["window-8k"]), Limits(), body_timeout=2.0)
-    event = adversarial(chunk_id="k" * 1000, chunks=2000)  # an answer of megabytes
+    # An answer of about 10 MB, more than the kernel's send buffer (up to 4 MiB) holds: 2,000
+    # copies of one text, each dropped with its long document named.
+    service = Service(build_registry(None, ["window-8k"]), Limits(max_event_bytes=16 << 20),
+                      body_timeout=2.0)
+    event = json.dumps({"request_id": "r", "question": "what is the refund window?", "chunks": [
+        {"chunk_id": f"k{i}", "doc_id": f"{'d' * 4000}{i}", "text": "refunds: 30 days"}
+        for i in range(2000)]}).encode()
     answer = body(assemble_bytes(event, service.registry, service.limits))
     server = Server(service, "127.0.0.1", 0)
     await server.start()
