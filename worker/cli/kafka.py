@@ -81,7 +81,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     topic = args.topic or settings.input_topic
     with open_inputs(args.files) as sources:
         lines = (line for _, stream in sources for line in stream)
-        sent = asyncio.run(produce(servers, topic, lines))
+        sent = asyncio.run(produce(servers, topic, lines, settings.producer_compression))
     print(f"sent {sent} events to {topic}", file=sys.stderr)
     return 0
 
@@ -145,6 +145,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         recorded=recorded,
         policies_topic=args.policies_topic or settings.policies_topic,
         policies=policy_file(args.policies) if args.policies else None,
+        compression=settings.producer_compression,
     )
 
     async def run() -> int:
@@ -224,6 +225,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
         max_redrives=args.max_redrives,
         send=args.yes,
         max_request_size=settings.max_message_bytes,
+        compression=settings.producer_compression,
     )
     report = asyncio.run(redrive(request))
     for line in report.render(request.input_topic, request.max_redrives):

@@ -41,10 +41,11 @@ async def check_topic(bootstrap_servers: str, topic: str) -> None:
         raise missing_topic(topic)
 
 
-async def produce(bootstrap_servers: str, topic: str, lines: Iterable[bytes]) -> int:
+async def produce(bootstrap_servers: str, topic: str, lines: Iterable[bytes],
+                  compression: str | None = None) -> int:
     await check_topic(bootstrap_servers, topic)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
-                                enable_idempotence=True)
+                                enable_idempotence=True, compression_type=compression)
     try:
         await producer.start()
     except KafkaConnectionError:
