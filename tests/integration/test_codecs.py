@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import Broker
-from tests.support.codecs import CODECS, codecs_of, librdkafka_produce, librdkafka_read
+from tests.support.codecs import CODECS, batches_of, librdkafka_produce, librdkafka_read
 from tests.support.worker import (
     ALLOWED_POLICIES,
     Topics,
@@ -67,9 +67,9 @@ async def test_librdkafka_input_in_every_codec_is_answered_and_read_back_byte_eq
         assert worker.alive()
     finally:
         assert worker.stop() == 0
-    assert await codecs_of(broker, topics.input) == set(CODECS)
+    assert (await batches_of(broker, topics.input)).codecs == set(CODECS)
     for topic in (topics.prompts, topics.audit, topics.policies):
-        assert await codecs_of(broker, topic) == {output}, topic
+        assert (await batches_of(broker, topic)).codecs == {output}, topic
     # Our own reading commands: replay reads the input, the outputs and the policies topic.
     allowed = [arg for name in ALLOWED_POLICIES for arg in ("--allow-policy", name)]
     replay = await asyncio.to_thread(
@@ -92,8 +92,9 @@ async def test_a_codec_the_worker_cannot_decode_stops_it_unready_and_uncommitted
     topics = Topics.fresh()
     await topics.create(broker, partitions=1)
     plain, compressed = events(10)[:5], events(10)[5:]
-    worker = WorkerProcess(broker, topics, logs / "worker.log",
-                           extra_env={"PYTHONPATH": str(hidden)}).start()
+    worker = WorkerProcess(broker, topics, logs / "worker.log",  # gzip: the standard library's
+                           extra_env={"PYTHONPATH": str(hidden),
+                                      "ASSEMBLER_COMPRESSION_TYPE": "gzip"}).start()
     try:
         await asyncio.to_thread(worker.wait_ready)
         await produce(broker, topics.input, keyed(plain))

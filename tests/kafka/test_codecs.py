@@ -61,8 +61,8 @@ def without_cramjam(monkeypatch: pytest.MonkeyPatch) -> bytes:
 def test_the_reason_names_the_codec_and_the_missing_package(without_cramjam: bytes) -> None:
     with pytest.raises(UnsupportedCodecError) as raised:
         decode(without_cramjam)
-    runner = EventRunner(Settings(input_topic="retrieval.results"), PolicyRegistry(Policy()),
-                         Metrics())
+    runner = EventRunner(Settings(input_topic="retrieval.results", compression_type="none"),
+                         PolicyRegistry(Policy()), Metrics())
     try:
         runner.cannot_decode(raised.value)
         assert runner.blocked == (
@@ -108,7 +108,7 @@ class CodecConsumer:
 async def test_exactly_once_stops_reading_commits_what_came_before_and_is_not_ready(
     without_cramjam: bytes, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    rig = Rig(monkeypatch)
+    rig = Rig(monkeypatch, compression_type="none")  # zstd, the default, needs cramjam
     consumer = CodecConsumer(without_cramjam, rig)
     monkeypatch.setattr(transactional, "AIOKafkaConsumer", lambda **_: consumer)
     running = asyncio.create_task(rig.worker.run())
@@ -139,7 +139,8 @@ async def test_at_least_once_fetches_nothing_more_once_a_batch_cannot_be_decoded
         return {TP0: decode(without_cramjam)}
 
     monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records", faust_fetch)
-    runner = EventRunner(Settings(input_topic="in"), PolicyRegistry(Policy()), Metrics())
+    runner = EventRunner(Settings(input_topic="in", compression_type="none"),
+                         PolicyRegistry(Policy()), Metrics())
     thread = object.__new__(_ConsumerThread)  # the fetch alone, no thread nor consumer
     thread.app = type("App", (), {"runner": runner})()
     try:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -23,6 +23,10 @@ from tests.support.worker import partitions_of
 
 CODECS = ("gzip", "snappy", "lz4", "zstd")
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}  # batch header ids
+# A v2 record batch: base offset (8 bytes), length of the rest (4), leader epoch (4), magic
+# (1), CRC (4), attributes (2: the codec in bits 0-2, control batch bit 5), and so on.
+BATCH_HEADER = 61
+CONTROL = 0x20
 
 
 def librdkafka_produce(broker: Broker, topic: str, codec: str,
@@ -75,42 +79,52 @@ def librdkafka_read(broker: Broker, topic: str, count: int, timeout: float = 120
     return records
 
 
-@contextmanager
-def batch_codecs() -> Iterator[set[str]]:
-    """The codecs of the record batches aiokafka's consumers fetch meanwhile, in this process
-    (transactions' control batches, never compressed, left out)."""
-    seen: set[str] = set()
+@dataclass
+class Batches:
+    """A topic's record batches as stored, so as sent: the broker keeps a producer's batches
+    whole (compression.type=producer)."""
 
-    class Watched:
-        def __init__(self, data: bytes) -> None:
-            self._records = MemoryRecords(data)
+    codecs: set[str] = field(default_factory=set)  # control batches left out: never compressed
+    size: int = 0  # bytes, batch headers included
+    _seen: set[tuple[bytes, bytes]] = field(default_factory=set, repr=False)
 
-        def next_batch(self) -> Any:
-            batch = self._records.next_batch()
-            if batch is not None and not batch.is_control_batch:
-                seen.add(CODEC_NAMES[batch.compression_type])
-            return batch
+    def add(self, data: bytes) -> None:
+        """The whole batches of a fetch's records; one fetched twice (a partial one at the
+        end of a fetch comes whole in the next) counts once."""
+        position = 0
+        while position + BATCH_HEADER <= len(data):
+            end = position + 12 + int.from_bytes(data[position + 8:position + 12], "big")
+            if end > len(data):
+                break
+            identity = (data[position:position + 8], data[position + 17:position + 21])
+            if identity not in self._seen:  # (base offset, CRC)
+                self._seen.add(identity)
+                self.size += end - position
+                attributes = int.from_bytes(data[position + 21:position + 23], "big")
+                if not attributes & CONTROL:
+                    self.codecs.add(CODEC_NAMES[attributes & 0x07])
+            position = end
 
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._records, name)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fetcher, "MemoryRecords", Watched)
-        yield seen
+async def batches_of(broker: Broker, topic: str) -> Batches:
+    """Every record batch of `topic`, read from the beginning."""
+    batches = Batches()
 
+    def watched(data: bytes) -> Any:
+        batches.add(bytes(data))
+        return MemoryRecords(data)
 
-async def codecs_of(broker: Broker, topic: str) -> set[str]:
-    """The codecs the record batches of `topic` were written with."""
     consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers,
                                 enable_auto_commit=False, auto_offset_reset="earliest")
     tps = [TopicPartition(topic, p) for p in await partitions_of(broker, topic)]
     await consumer.start()
     try:
-        with batch_codecs() as seen:  # before the first fetch
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fetcher, "MemoryRecords", watched)  # before the first fetch
             consumer.assign(tps)
             ends = await consumer.end_offsets(tps)
             while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
                 await consumer.getmany(timeout_ms=200)
     finally:
         await consumer.stop()
-    return seen
+    return batches

@@ -67,7 +67,7 @@ class Settings(BaseSettings):
         "output over it goes to the DLQ as output_too_large; a dead letter over it is cut.",
     )
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
-        default="none",
+        default="zstd",
         description="The codec of every record batch the worker and the CLI's producers "
         "publish (bench/README.md has each one's bytes and CPU). Input is decoded whatever "
         "its codec.",
