@@ -295,6 +295,7 @@ class _Transport(faust_aiokafka.Transport):
 
 class _App(faust.App):
     runner: EventRunner  # its consumer thread reports undecodable input there
+
     def _new_transport(self) -> TransportT:
         return _Transport(self.conf.broker_consumer, self)
 

@@ -180,8 +180,8 @@ class EventRunner:
     def cannot_decode(self, error: UnsupportedCodecError) -> None:
         """A fetched batch cannot be decoded (a codec library missing): the consumer reads no
         more, so nothing past the batch is handled or committed, and /ready says why until
-        an operator installs the codec and restarts the worker. Logged once. Thread-safe:
-        faust's consumer runs in a thread of its own."""
+        an operator installs the codec and restarts the worker. Logged once. Called from
+        faust's consumer thread too, so it only sets an attribute and logs."""
         if self.undecodable is None:
             self.undecodable = undecodable(error, self.settings.input_topic)
             log.error("%s; not reading any further until restarted, nothing is committed "
