@@ -381,6 +381,8 @@ class TransactionalWorker:
         try:
             with self.runner.settling() as origins:  # acknowledged once committed
                 origins.extend(origin for _, origin, _ in events)
+                if _sender_failed(partition.producer):
+                    await self._renew_producer(partition)
                 producer = partition.producer
                 offset = fresh[-1].claim.records[-1].offset + 1
                 async with producer.transaction():
@@ -534,6 +536,13 @@ class TransactionalWorker:
 
         await self.runner.retry_forever(f"read committed offset of {tp}", ask)
         return result
+
+
+def _sender_failed(producer: AIOKafkaProducer) -> bool:
+    """aiokafka's sender stopped on an error it does not retry (the connection lost while it
+    looked a coordinator up, as a broker restarts): the producer then refuses every
+    transaction, by assertion, so it is replaced."""
+    return bool(producer._txn_manager.is_fatal_error())
 
 
 def _fenced(error: BaseException) -> bool:
