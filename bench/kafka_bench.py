@@ -2,7 +2,7 @@
 
     python -m bench.kafka_bench [--events 3000] [--rounds 3] [--rate R] [--rss-events 4000]
                                 [--json out/kafka-bench.json] [--scale] [--kills 2]
-                                [--only NAME ...]
+                                [--only NAME ...] [--codec-rounds 2] [--codec-events 1500]
 
 The ladder, each a process of its own on the same broker, in alternating rounds on fresh
 topics (the order reversed every other round, so machine noise hits them alike):
@@ -29,6 +29,13 @@ run), fed as fast as the bench can produce; the resident set is sampled every se
 over the run's second half the RSS rises less than --plateau-mb above its first half's peak
 (the first 10 % of the events, warm-up, left out).
 
+Output codecs: the worker, each guarantee, publishing with each ASSEMBLER_COMPRESSION_TYPE
+(none, gzip, snappy, lz4, zstd) through a backlog of --codec-events events, --codec-rounds
+rounds in alternating order: events/s and CPU ms per event as above, and the bytes of its
+prompts and audits per event as the broker stores them, so as they crossed the wire (the
+record batches' sizes, headers included, read back from the topics); each codec beside
+`none` in the same round.
+
 Optional: --scale adds two ALO workers in one group to the ladder; --kills N adds the commit
 cadence check: `bench.interval_commits` (faust's 1 s timer commits only) joins the ladder,
 then it and the worker are each fed at 50 events/s and killed with SIGKILL N times, and the
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import shutil
@@ -55,17 +63,24 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from bench.corpus import Corpus
 from tests.support.broker import Broker, broker_from_env
+from tests.support.codecs import batches_of
 from tests.support.worker import Topics, WorkerProcess, read_topic
-from worker.intake.codec import encode
+from worker import filemode
+from worker.intake.codec import Limits, encode
+from worker.intake.policies import build_registry
 
 PARTITIONS = 6
 ALO, EOS = "at_least_once", "exactly_once"
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KILL_RATE = 50.0  # events/s fed to a worker being killed
+OUTPUT_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")  # ASSEMBLER_COMPRESSION_TYPE
+CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}  # in a batch's header
+COMPRESSION_BATCH = 10  # records a batch in `compression_cpu`
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,7 @@ class Contender:
     guarantee: str = ALO
     workers: int = 1
     http: bool = True  # /ready and /metrics (raw aiokafka has neither)
+    compression: str = "none"  # ASSEMBLER_COMPRESSION_TYPE (the worker's only)
 
 
 LADDER = [
@@ -160,13 +176,28 @@ async def collect(
 async def start(broker: Broker, contender: Contender, topics: Topics,
                 logs: Path) -> list[WorkerProcess]:
     tag = contender.name.replace(" ", "-")
+    env = {"ASSEMBLER_COMPRESSION_TYPE": contender.compression}
     return [WorkerProcess(broker, topics, logs / f"{tag}-{topics.group}-{i}.log",
-                          guarantee=contender.guarantee, module=contender.module).start()
+                          guarantee=contender.guarantee, extra_env=env,
+                          module=contender.module).start()
             for i in range(contender.workers)]
 
 
-async def run_round(broker: Broker, contender: Contender, events: list[tuple[bytes, bytes]],
-                    args: argparse.Namespace, logs: Path) -> Result:
+@dataclass
+class Backlog:
+    """A contender's run through a backlog, its processes still running."""
+
+    topics: Topics
+    procs: list[WorkerProcess]
+    events_per_second: float
+    cpu_ms_per_event: float
+    engine_ms_per_event: float
+
+
+async def run_backlog(broker: Broker, contender: Contender, events: list[tuple[bytes, bytes]],
+                      logs: Path) -> Backlog:
+    """Produce `events` to fresh topics, then start the contender on them; stopped only if
+    this fails."""
     topics = Topics.fresh()
     await topics.create(broker, PARTITIONS)
     await fast_produce(broker, topics.input, events)
@@ -192,14 +223,124 @@ async def run_round(broker: Broker, contender: Contender, events: list[tuple[byt
             duration = "context_assembler_assembly_duration_seconds"
             engine_ms = 1000 * sum(p.metric(f"{duration}_sum") for p in procs) / max(
                 sum(p.metric(f"{duration}_count") for p in procs), 1)
-        rate = throughput / 2 if args.rate is None else min(args.rate, throughput / 2)
-        latencies = await latency(broker, topics, events, len(events), rate, args)
-    finally:
+    except BaseException:
         for proc in procs:
             proc.stop()
-    return Result(contender.name, throughput, cpu_ms, engine_ms, rate,
-                  statistics.median(latencies),
+        raise
+    return Backlog(topics, procs, throughput, cpu_ms, engine_ms)
+
+
+async def run_round(broker: Broker, contender: Contender, events: list[tuple[bytes, bytes]],
+                    args: argparse.Namespace, logs: Path) -> Result:
+    backlog = await run_backlog(broker, contender, events, logs)
+    throughput = backlog.events_per_second
+    try:
+        rate = throughput / 2 if args.rate is None else min(args.rate, throughput / 2)
+        latencies = await latency(broker, backlog.topics, events, len(events), rate, args)
+    finally:
+        for proc in backlog.procs:
+            proc.stop()
+    return Result(contender.name, throughput, backlog.cpu_ms_per_event,
+                  backlog.engine_ms_per_event, rate, statistics.median(latencies),
                   latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))])
+
+
+@dataclass
+class CodecResult:
+    guarantee: str
+    codec: str
+    events_per_second: float
+    cpu_ms_per_event: float
+    output_bytes_per_event: float  # prompts and audits, record batches as the broker stores them
+
+
+async def codec_round(broker: Broker, guarantee: str, codec: str,
+                      events: list[tuple[bytes, bytes]], logs: Path) -> CodecResult:
+    """The worker publishing with ASSEMBLER_COMPRESSION_TYPE=codec through a backlog: its
+    throughput and CPU, and the bytes its outputs took on the wire and on the broker."""
+    contender = Contender(f"{guarantee} {codec}", "worker.cli", guarantee, compression=codec)
+    backlog = await run_backlog(broker, contender, events, logs)
+    for proc in backlog.procs:
+        proc.stop()
+    topics = backlog.topics
+    size = sum([(await batches_of(broker, topic)).size
+                for topic in (topics.prompts, topics.audit)])
+    return CodecResult(guarantee, codec, backlog.events_per_second, backlog.cpu_ms_per_event,
+                       size / len(events))
+
+
+def compression_cpu(events: list[tuple[bytes, bytes]]) -> dict[str, float]:
+    """CPU microseconds per event to build its prompt's and audit's record batches as
+    aiokafka's producers do (their batch builder), with each codec, COMPRESSION_BATCH records
+    a batch; medians of 5 passes. In one process, off the broker: the machine's other load
+    moves it far less than the workers' CPU figures."""
+    prompts, audits = io.BytesIO(), io.BytesIO()
+    filemode.run([("bench", io.BytesIO(b"\n".join(value for _, value in events)))],
+                 build_registry(None), Limits(), prompts=prompts, audits=audits,
+                 errors=io.BytesIO())
+    batches = [lines[start:start + COMPRESSION_BATCH]
+               for lines in (prompts.getvalue().splitlines(), audits.getvalue().splitlines())
+               for start in range(0, len(lines), COMPRESSION_BATCH)]
+    cpu: dict[str, float] = {}
+    for codec in OUTPUT_CODECS:
+        passes = []
+        for _ in range(5):
+            started = time.process_time()
+            for batch in batches:
+                builder = DefaultRecordBatchBuilder(
+                    magic=2, compression_type=CODEC_IDS[codec], is_transactional=0,
+                    producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+                for offset, value in enumerate(batch):
+                    builder.append(offset, timestamp=0, key=None, value=value, headers=[])
+                builder.build()
+            passes.append(time.process_time() - started)
+        cpu[codec] = statistics.median(passes) * 1e6 / len(events)
+    return cpu
+
+
+async def codec_rounds(broker: Broker, args: argparse.Namespace,
+                       logs: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Each output codec under each guarantee, in alternating order; medians, and each
+    codec's bytes and CPU beside `none`'s in the same round."""
+    events = make_events(args.codec_events, args.chunks, args.seed)
+    builder_cpu = compression_cpu(events)
+    rounds: dict[tuple[str, str], list[CodecResult]] = {}
+    for round_ in range(args.codec_rounds):
+        for guarantee in (ALO, EOS):
+            for codec in OUTPUT_CODECS if round_ % 2 == 0 else OUTPUT_CODECS[::-1]:
+                result = await codec_round(broker, guarantee, codec, events, logs)
+                rounds.setdefault((guarantee, codec), []).append(result)
+                print(f"codec round {round_ + 1} {guarantee:>13} {codec:>6}: "
+                      f"{result.events_per_second:6.0f} events/s, "
+                      f"{result.cpu_ms_per_event:5.2f} CPU ms/event, outputs "
+                      f"{result.output_bytes_per_event / 1000:6.1f} KB/event", flush=True)
+    summary: dict[str, dict[str, dict[str, float]]] = {}
+    for (guarantee, codec), results in rounds.items():
+        plain = rounds[guarantee, "none"]
+        summary.setdefault(guarantee, {})[codec] = {
+            "events_per_second": statistics.median(r.events_per_second for r in results),
+            "cpu_ms_per_event": statistics.median(r.cpu_ms_per_event for r in results),
+            "output_kb_per_event": statistics.median(
+                r.output_bytes_per_event / 1000 for r in results),
+            "bytes_share_of_none": statistics.median(
+                r.output_bytes_per_event / p.output_bytes_per_event
+                for r, p in zip(results, plain, strict=True)),
+            "cpu_ms_over_none": statistics.median(
+                r.cpu_ms_per_event - p.cpu_ms_per_event
+                for r, p in zip(results, plain, strict=True)),
+            "batch_cpu_us_per_event": builder_cpu[codec],
+        }
+    print(f"\noutput codecs: {args.codec_events} events of {args.chunks} chunks, "
+          f"{args.codec_rounds} rounds (medians; beside none in the same round)")
+    print(f"{'guarantee':>13}  {'codec':>6}  {'events/s':>8}  {'CPU ms/ev':>9}  "
+          f"{'+CPU ms':>7}  {'KB/event':>8}  {'of none':>7}  {'batch CPU us/ev':>15}")
+    for guarantee, codecs in summary.items():
+        for codec, row in codecs.items():
+            print(f"{guarantee:>13}  {codec:>6}  {row['events_per_second']:8.0f}  "
+                  f"{row['cpu_ms_per_event']:9.2f}  {row['cpu_ms_over_none']:+7.2f}  "
+                  f"{row['output_kb_per_event']:8.1f}  {row['bytes_share_of_none']:7.1%}  "
+                  f"{row['batch_cpu_us_per_event']:15.0f}")
+    return summary
 
 
 async def latency(broker: Broker, topics: Topics, events: list[tuple[bytes, bytes]],
@@ -307,6 +448,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                       f"{'FLAT' if run.ok else 'GROWING'}", flush=True)
         if args.kills:
             report["duplicates_per_kill"] = await kill_rounds(broker, args, logs)
+        if args.codec_rounds:
+            report["output_codecs"] = await codec_rounds(broker, args, logs)
     finally:
         broker.stop()
         shutil.rmtree(logs / "broker", ignore_errors=True)  # GBs of topics; the logs stay
@@ -425,6 +568,10 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="run these contenders only (and raw aiokafka, the reference), "
                         "e.g. --only 'worker ALO'")
+    parser.add_argument("--codec-rounds", type=int, default=2,
+                        help="rounds of the output codecs, each guarantee (0: none)")
+    parser.add_argument("--codec-events", type=int, default=1500,
+                        help="backlog per output codec run")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", default="out/kafka-bench.json", help="write the results here")
     args = parser.parse_args()

@@ -301,17 +301,20 @@ def test_every_runtime_dependency_is_pinned_in_constraints() -> None:
     pulls in (for this interpreter) must have its pin, or the image gets whatever is newest."""
     pins = _pins()
     seen: set[str] = set()
-    todo = [Requirement(line) for line in PYPROJECT["project"]["dependencies"]]
+    todo = [(Requirement(line), {""}) for line in PYPROJECT["project"]["dependencies"]]
     while todo:
-        requirement = todo.pop()
+        requirement, extras = todo.pop()  # extras: those of the requirement that named it
         name = canonicalize_name(requirement.name)
-        if name in seen or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+        marker = requirement.marker
+        if name in seen or (marker and not any(marker.evaluate({"extra": e}) for e in extras)):
             continue
         seen.add(name)
         assert name in pins, f"{name} (runtime) has no pin in constraints.txt"
         installed = metadata.version(requirement.name)
         assert pins[name] == installed, f"{name}: pinned {pins[name]}, tested with {installed}"
-        todo.extend(Requirement(r) for r in metadata.requires(requirement.name) or ())
+        todo.extend((Requirement(r), {"", *requirement.extras})
+                    for r in metadata.requires(requirement.name) or ())
+    assert "cramjam" in seen, "aiokafka's codec extras (snappy, lz4, zstd) are installed"
     assert {"pip", "setuptools"} <= set(pins), "the image's pip and build backend are pinned"
 
 

@@ -98,8 +98,10 @@ async def test_oversized_dead_letters_are_cut_and_oversized_outputs_dead_lettere
     big_prompt = long_question("big-prompt", 16_000)  # prompt ~22 KB, event ~19.5 KB
     good = events(5)
     produced = interleave(good, {"huge": huge, "big-prompt": big_prompt})
+    # Uncompressed: the broker checks a batch's compressed size, and the prompt compresses.
     worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
+                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0",
+                                      "ASSEMBLER_COMPRESSION_TYPE": "none"}).start()
     try:
         worker.wait_ready()
         await produce(broker, topics.input, produced)

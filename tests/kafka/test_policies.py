@@ -36,7 +36,8 @@ def test_a_missing_topic_is_logged_once_and_waited_for(
         if len(checks) < 4:
             raise missing_topic(topic)
 
-    async def publish(servers: str, topic: str, policies: Sequence[Policy], size: int) -> None:
+    async def publish(servers: str, topic: str, policies: Sequence[Policy], size: int,
+                      compression: str | None) -> None:
         published.append([p.hash for p in policies])
 
     monkeypatch.setattr(module, "check_topic", check)

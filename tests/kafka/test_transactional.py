@@ -41,6 +41,11 @@ class FakeProducer:
         self.committed: list[dict[TopicPartition, int]] = []
         self.aborted = 0
         self.sent = 0
+        self._txn_manager = self  # aiokafka's: its sender died on an error it did not retry
+        self.fatal = False
+
+    def is_fatal_error(self) -> bool:
+        return self.fatal
 
     async def start(self) -> None:
         await asyncio.sleep(0.01)  # InitProducerId: a round trip
@@ -54,6 +59,7 @@ class FakeProducer:
         return self
 
     async def __aenter__(self) -> None:
+        assert not self.fatal, "Invalid state transition FATAL_ERROR -> IN_TRANSACTION"
         return None
 
     async def __aexit__(self, kind: object, error: object, trace: object) -> None:
@@ -317,3 +323,17 @@ async def test_a_fenced_partition_assigned_elsewhere_since_is_forgotten(rig: Rig
     rig.consumer.assigned.clear()
     await rig.worker._retake_fenced()
     assert not rig.worker._fenced and len(rig.producers) == 1
+
+
+async def test_a_producer_whose_sender_died_is_replaced_before_the_next_transaction(
+    rig: Rig,
+) -> None:
+    """A broker restart can end aiokafka's sender mid-lookup: its producer then refuses every
+    transaction, by assertion, and the worker crashed on it."""
+    await rig.assign(TP0)
+    dead = rig.producer(TP0)
+    dead.fatal = True
+    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 2)}))
+    assert dead.stopped and rig.producer(TP0) is not dead
+    assert rig.producer(TP0).committed == [{TP0: 9}]
+

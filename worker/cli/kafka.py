@@ -83,14 +83,15 @@ def cmd_produce(args: argparse.Namespace) -> int:
     settings = load_settings()
     servers = args.bootstrap_servers or settings.bootstrap_servers
     topic = args.topic or settings.input_topic
+    compression = settings.producer_compression
 
     async def send(lines: Iterable[bytes]) -> Answers | None:
         if not args.wait:
-            report_sent(len(await produce(servers, topic, lines)), topic)
+            report_sent(len(await produce(servers, topic, lines, compression)), topic)
             return None
         async with TopicReader(servers) as reader:
             starts = await output_ends(reader, [settings.prompts_topic, settings.dlq_topic])
-            sent = await produce(servers, topic, lines)
+            sent = await produce(servers, topic, lines, compression)
             report_sent(len(sent), topic)
             return await wait_for_answers(reader, starts, settings.prompts_topic,
                                           [(topic, p, o) for p, o in sent], args.timeout)
@@ -199,6 +200,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         recorded=recorded,
         policies_topic=args.policies_topic or settings.policies_topic,
         policies=read_records_file(args.policies) if args.policies else None,
+        compression=settings.producer_compression,
     )
 
     async def run() -> int:
@@ -274,6 +276,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
         max_redrives=args.max_redrives,
         send=args.yes,
         max_request_size=settings.max_message_bytes,
+        compression=settings.producer_compression,
     )
     report = asyncio.run(redrive(request))
     for line in report.render(request.input_topic, request.max_redrives):

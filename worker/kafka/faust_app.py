@@ -39,8 +39,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 import faust
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import UnsupportedCodecError
 from faust.tables import TableManager
+from faust.transport.consumer import RecordMap
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 from faust.types.transports import TransportT
@@ -91,6 +93,7 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> faust.Ap
         producer_request_timeout=REQUEST_TIMEOUT_SECONDS,
         producer_max_batch_size=runner.batch_bytes,
         producer_linger=PRODUCER_LINGER_MS / 1000,
+        producer_compression_type=settings.producer_compression,
         broker_commit_interval=COMMIT_INTERVAL_SECONDS,
         # A killed replica holds its partitions until this runs out (faust's default: 60 s).
         broker_session_timeout=settings.session_timeout_seconds,
@@ -107,6 +110,7 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> faust.Ap
         autodiscover=False,
         datadir=datadir,
     )
+    app.runner = runner
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
     async def enqueue(origin: Origin, record: OutRecord) -> Awaitable[object]:
@@ -220,6 +224,7 @@ class _LoneProducer:
                     max_batch_size=1,  # no second record fits
                     max_request_size=self._settings.max_message_bytes,
                     request_timeout_ms=int(REQUEST_TIMEOUT_SECONDS * 1000),
+                    compression_type=self._settings.producer_compression,
                 )
                 try:
                     await producer.start()
@@ -261,6 +266,24 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         leave_on_stop(self._consumer)
         await super().on_thread_stop()
 
+    async def _fetch_records(
+        self, consumer: AIOKafkaConsumer, active_partitions: set[TP],
+        timeout: float | None = None, max_records: int | None = None,
+    ) -> RecordMap:
+        """Fetched records; none, for good, once a batch could not be decoded: faust's
+        fetcher crashed on it, and a restarted worker on the same batch. No retry: records
+        of other partitions fetched in the same call are lost with the error, and faust,
+        seeing later offsets, would take them for a gap and commit past them."""
+        runner: EventRunner = self.app.runner  # type: ignore[attr-defined]  # on _App only
+        if runner.undecodable is None:
+            try:
+                return await super()._fetch_records(consumer, active_partitions, timeout,
+                                                    max_records)
+            except UnsupportedCodecError as error:
+                runner.cannot_decode(error)
+        await asyncio.sleep(timeout or 0)  # faust asks again at once
+        return {}
+
 
 class _Tableless(TableManager):
     """faust's table manager without its start-up nap: it sleeps a second before anything
@@ -282,6 +305,7 @@ class _Transport(faust_aiokafka.Transport):
 
 class _App(faust.App):
     logger = SERVICE_LOG
+    runner: EventRunner  # its consumer thread reports undecodable input there
 
     def _new_transport(self) -> TransportT:
         return _Transport(self.conf.broker_consumer, self)

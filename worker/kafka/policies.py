@@ -28,10 +28,11 @@ log = logging.getLogger(__name__)
 
 
 async def publish(servers: str, topic: str, policies: Sequence[Policy],
-                  max_request_size: int) -> None:
+                  max_request_size: int, compression: str | None = None) -> None:
     """Each policy's record, keyed by its hash; returns once the broker has them all."""
     producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True,
-                                max_request_size=max_request_size)
+                                max_request_size=max_request_size,
+                                compression_type=compression)
     try:
         await producer.start()
         sent = [await producer.send(topic, record_bytes(p), key=p.hash.encode())
@@ -66,7 +67,7 @@ async def publish_at_start(
         try:
             await check_topic(settings.bootstrap_servers, topic)
             await publish(settings.bootstrap_servers, topic, policies,
-                          settings.max_message_bytes)
+                          settings.max_message_bytes, settings.producer_compression)
         except (TopicError, KafkaError, TimeoutError) as error:
             problem = str(error) or type(error).__name__
             if problem != recording.problem:

@@ -43,12 +43,12 @@ async def check_topic(bootstrap_servers: str, topic: str) -> None:
 
 
 async def produce(
-    bootstrap_servers: str, topic: str, lines: Iterable[bytes]
+    bootstrap_servers: str, topic: str, lines: Iterable[bytes], compression: str | None = None
 ) -> list[tuple[int, int]]:
     """Send each non-blank line; the partition and offset of each, in order."""
     await check_topic(bootstrap_servers, topic)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
-                                enable_idempotence=True)
+                                enable_idempotence=True, compression_type=compression)
     try:
         await producer.start()
     except KafkaConnectionError:

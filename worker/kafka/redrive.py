@@ -41,6 +41,7 @@ class RedriveRequest:
     max_redrives: int = 3
     send: bool = False  # --yes; the default is a dry run
     max_request_size: int = 1_048_576  # the worker's MAX_MESSAGE_BYTES
+    compression: str | None = None  # the worker's COMPRESSION_TYPE (None: uncompressed)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ async def _producer(request: RedriveRequest) -> AsyncIterator[AIOKafkaProducer]:
     await check_topic(request.bootstrap_servers, request.input_topic)
     producer = AIOKafkaProducer(bootstrap_servers=request.bootstrap_servers, acks="all",
                                 enable_idempotence=True,
-                                max_request_size=request.max_request_size)
+                                max_request_size=request.max_request_size,
+                                compression_type=request.compression)
     await producer.start()
     try:
         yield producer

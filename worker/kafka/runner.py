@@ -36,10 +36,12 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     UnknownTopicOrPartitionError,
+    UnsupportedCodecError,
 )
 from opentelemetry.trace import Span
 
 from worker.intake.policies import PolicyRegistry
+from worker.kafka.codecs import undecodable
 from worker.kafka.observability.metrics import Metrics
 from worker.kafka.observability.summary import AssemblySummary
 from worker.kafka.observability.tracing import Tracing
@@ -167,6 +169,7 @@ class EventRunner:
         self._context = HandlerContext.for_worker(settings, registry)
         self._limits: dict[str, int] = {}  # learned from the broker's refusals, per topic
         self.stuck: dict[Attempts, str] = {}  # deliveries failing persistently, and why
+        self.undecodable: str | None = None  # why input is no longer read (`cannot_decode`)
         self.stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self.summary = AssemblySummary()
@@ -174,7 +177,17 @@ class EventRunner:
     @property
     def blocked(self) -> str | None:
         """Why delivery is stuck until an operator acts, or None; /ready is false meanwhile."""
-        return next(iter(self.stuck.values()), None)
+        return self.undecodable or next(iter(self.stuck.values()), None)
+
+    def cannot_decode(self, error: UnsupportedCodecError) -> None:
+        """A fetched batch cannot be decoded (a codec library missing): the consumer reads no
+        more, so nothing past the batch is handled or committed, and /ready says why until
+        an operator installs the codec and restarts the worker. Logged once. Called from
+        faust's consumer thread too, so it only sets an attribute and logs."""
+        if self.undecodable is None:
+            self.undecodable = undecodable(error, self.settings.input_topic)
+            log.error("%s; not reading any further until restarted, nothing is committed "
+                      "past these records", self.undecodable)
 
     def _handle(self, events: Sequence[tuple[bytes, Origin]]) -> list[tuple[Outcome, float]]:
         handled = []

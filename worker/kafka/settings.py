@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Limits
+from worker.kafka.codecs import check_available
 
 
 class SettingsError(ContextAssemblerError, ValueError):
@@ -70,6 +71,12 @@ class Settings(BaseSettings):
         "and the producers' max_request_size; at most the topics' max.message.bytes. An "
         "output over it goes to the DLQ as output_too_large; a dead letter over it is cut.",
     )
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        default="zstd",
+        description="The codec of every record batch the worker and the CLI's producers "
+        "publish (bench/README.md has each one's bytes and CPU). Input is decoded whatever "
+        "its codec.",
+    )
     shutdown_grace_seconds: float = Field(
         default=20.0, gt=0,
         description="SIGTERM to exit, at most: in-flight events get half of it to be delivered. "
@@ -95,6 +102,12 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
+    @field_validator("compression_type")
+    @classmethod
+    def _codec_installed(cls, value: str) -> str:
+        check_available(value)  # fail at start, not at the first send
+        return value
+
     @field_validator("group_instance_id", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
@@ -108,6 +121,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"input, prompts, audit, dlq and policies topics must differ: {topics}")
         return self
+
+    @property
+    def producer_compression(self) -> str | None:
+        """compression_type as aiokafka's producers take it (None: uncompressed)."""
+        return None if self.compression_type == "none" else self.compression_type
 
     @property
     def limits(self) -> Limits:

@@ -51,7 +51,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
+from aiokafka.errors import (
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+    UnsupportedCodecError,
+)
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
@@ -178,7 +183,11 @@ class TransactionalWorker:
                 self._reap()
                 while sum(self._batches.values()) >= MAX_EVENTS_IN_FLIGHT:
                     await self._one_finished()
-                batch = await consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
+                try:
+                    batch = await consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
+                except UnsupportedCodecError as error:
+                    self.runner.cannot_decode(error)
+                    break  # read no further: only what was read before is committed
                 self.healthy = True
                 claims = self._claim(batch)
                 if claims:
@@ -190,6 +199,7 @@ class TransactionalWorker:
                     await self._retake_fenced()
             while self._batches:
                 await self._one_finished()
+            await self.runner.stopping.wait()  # set already, unless input was undecodable
         except Stopped:
             pass
         finally:
@@ -231,6 +241,7 @@ class TransactionalWorker:
             max_request_size=self.settings.max_message_bytes,
             max_batch_size=batch_bytes,
             linger_ms=PRODUCER_LINGER_MS,
+            compression_type=self.settings.producer_compression,
         )
 
     async def take(self, assigned: Iterable[TopicPartition]) -> None:
@@ -370,6 +381,8 @@ class TransactionalWorker:
         try:
             with self.runner.settling() as origins:  # acknowledged once committed
                 origins.extend(origin for _, origin, _ in events)
+                if _sender_failed(partition.producer):
+                    await self._renew_producer(partition)
                 producer = partition.producer
                 offset = fresh[-1].claim.records[-1].offset + 1
                 async with producer.transaction():
@@ -523,6 +536,13 @@ class TransactionalWorker:
 
         await self.runner.retry_forever(f"read committed offset of {tp}", ask)
         return result
+
+
+def _sender_failed(producer: AIOKafkaProducer) -> bool:
+    """aiokafka's sender stopped on an error it does not retry (the connection lost while it
+    looked a coordinator up, as a broker restarts): the producer then refuses every
+    transaction, by assertion, so it is replaced."""
+    return bool(producer._txn_manager.is_fatal_error())
 
 
 def _fenced(error: BaseException) -> bool:

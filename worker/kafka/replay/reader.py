@@ -11,10 +11,11 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, UnsupportedCodecError
 from aiokafka.structs import ConsumerRecord
 
 from worker.engine.errors import ContextAssemblerError
+from worker.kafka.codecs import Undecodable, undecodable
 from worker.kafka.topics import unreachable
 
 # A range ends at offsets known in advance: a fetch at a partition's end need not wait for
@@ -230,7 +231,10 @@ class TopicReader:
             self._consumer.seek(tp, span.start)
         started: set[TopicPartition] = set()
         while todo:
-            batch = await self._consumer.getmany(*todo, timeout_ms=500)
+            try:
+                batch = await self._consumer.getmany(*todo, timeout_ms=500)
+            except UnsupportedCodecError as error:
+                raise Undecodable(undecodable(error, topic)) from None
             for tp, records in batch.items():
                 if tp not in todo:
                     continue

@@ -73,6 +73,7 @@ class ReplayRequest:
     recorded: bool = False
     policies_topic: str = "assembler.policies"
     policies: RecordedPolicies | None = None
+    compression: str | None = None  # --to-topic's producer: the worker's COMPRESSION_TYPE
 
 
 @dataclass
@@ -249,6 +250,7 @@ async def _transaction(request: ReplayRequest) -> AsyncIterator[AIOKafkaProducer
         bootstrap_servers=request.bootstrap_servers,
         transactional_id=f"context-assembler-replay-{uuid.uuid4()}",
         transaction_timeout_ms=900_000,
+        compression_type=request.compression,
     )
     await producer.start()
     try:
