@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from worker.cli.common import (
     UsageError,
@@ -34,6 +34,9 @@ from worker.intake.recorded import (
     read_records,
 )
 
+if TYPE_CHECKING:
+    from worker.kafka.settings import Settings
+
 
 @command
 def cmd_worker(_: argparse.Namespace) -> int:
@@ -55,6 +58,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     one exists with other partitions, replication or configs (reported, left as it is)."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.settings import load_settings
     from worker.kafka.topics import create_topics, worker_topics
 
@@ -62,7 +66,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     settings = load_settings()
     servers = args.bootstrap_servers or settings.bootstrap_servers
     specs = worker_topics(settings, args.partitions, args.replication_factor)
-    reports = asyncio.run(create_topics(servers, specs))
+    reports = asyncio.run(create_topics(servers, specs, kafka_security(settings)))
     for report in reports:
         print(report.render())
     return 1 if any(r.status == "differs" for r in reports) else 0
@@ -72,6 +76,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def cmd_produce(args: argparse.Namespace) -> int:
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.produce import produce
     from worker.kafka.settings import load_settings
 
@@ -81,7 +86,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     topic = args.topic or settings.input_topic
     with open_inputs(args.files) as sources:
         lines = (line for _, stream in sources for line in stream)
-        sent = asyncio.run(produce(servers, topic, lines))
+        sent = asyncio.run(produce(servers, topic, lines, kafka_security(settings)))
     print(f"sent {sent} events to {topic}", file=sys.stderr)
     return 0
 
@@ -114,6 +119,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.replay.replay import ReplayRequest, replay
     from worker.kafka.settings import load_settings
 
@@ -145,6 +151,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         recorded=recorded,
         policies_topic=args.policies_topic or settings.policies_topic,
         policies=policy_file(args.policies) if args.policies else None,
+        security=kafka_security(settings),
     )
 
     async def run() -> int:
@@ -178,15 +185,18 @@ def policy_file(path: str) -> RecordedPolicies:
         return read_records(stream, path)
 
 
-def recorded_policies(args: argparse.Namespace, servers: str, topic: str) -> RecordedPolicies:
+def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedPolicies:
     """The policy records of --policies F, else of the policies topic."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.policies import fetch_policies
 
     if args.policies:
         return policy_file(args.policies)
-    return asyncio.run(fetch_policies(servers, topic))
+    return asyncio.run(fetch_policies(args.bootstrap_servers or settings.bootstrap_servers,
+                                      args.policies_topic or settings.policies_topic,
+                                      kafka_security(settings)))
 
 
 @command
@@ -196,8 +206,7 @@ def cmd_policy_diff(args: argparse.Namespace) -> int:
 
     quiet_kafka_client()
     settings = load_settings()
-    recorded = recorded_policies(args, args.bootstrap_servers or settings.bootstrap_servers,
-                                 args.policies_topic or settings.policies_topic)
+    recorded = recorded_policies(args, settings)
     return policy_diff(recorded, args.diff)
 
 
@@ -207,6 +216,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     --yes."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.redrive import RedriveRequest, redrive
     from worker.kafka.settings import load_settings
 
@@ -224,6 +234,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
         max_redrives=args.max_redrives,
         send=args.yes,
         max_request_size=settings.max_message_bytes,
+        security=kafka_security(settings),
     )
     report = asyncio.run(redrive(request))
     for line in report.render(request.input_topic, request.max_redrives):
@@ -244,6 +255,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """explain REQUEST_ID --kafka: its latest audit on the audit topic, and its input."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.replay.reader import RangeError, parse_time
     from worker.kafka.replay.replay import find_recorded
     from worker.kafka.settings import load_settings
@@ -260,6 +272,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         args.audit_topic or settings.audit_topic,
         args.request_id,
         parse_time(args.from_time) if args.from_time else None,
+        kafka_security(settings),
     ))
     try:
         event = decode_event(raw, limits(args))
@@ -270,7 +283,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     policy = recorded_policy(registry, audit.policy.name)
     print(printable(f"input {origin}"))
     try:
-        recorded = recorded_policies(args, servers, args.policies_topic or settings.policies_topic)
+        recorded = recorded_policies(args, settings)
         record = recorded.record(audit.policy.hash)
     except (PolicyNotRecorded, RangeError) as error:
         print(printable(f"recorded policy {audit.policy.name} {audit.policy.hash}: not found "

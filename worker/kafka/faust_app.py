@@ -45,6 +45,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 from faust.types.transports import TransportT
 
+from worker.kafka.connection import kafka_security
 from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from worker.kafka.records import Origin, OutRecord, value_of
 from worker.kafka.runner import (
@@ -78,6 +79,7 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> faust.Ap
     app = _App(
         settings.group_id,
         broker=servers,
+        broker_credentials=kafka_security(settings).faust_credentials(),
         key_serializer="raw",
         value_serializer="raw",
         processing_guarantee="at_least_once",
@@ -205,6 +207,7 @@ class _LoneProducer:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        self._security = kafka_security(settings)
         self._producer: AIOKafkaProducer | None = None
         self._starting = asyncio.Lock()
 
@@ -216,6 +219,7 @@ class _LoneProducer:
                     max_batch_size=1,  # no second record fits
                     max_request_size=self._settings.max_message_bytes,
                     request_timeout_ms=int(REQUEST_TIMEOUT_SECONDS * 1000),
+                    **self._security.client_args(),
                 )
                 try:
                     await producer.start()

@@ -18,6 +18,13 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from worker.engine.errors import ContextAssemblerError
+from worker.kafka.connection import (
+    ACLS_HINT,
+    PLAINTEXT,
+    KafkaSecurity,
+    connection_problem,
+    kafka_security,
+)
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,6 +49,17 @@ def missing_topic(topic: str) -> TopicError:
 def unreachable(servers: str) -> TopicError:
     return TopicError(f"cannot reach the Kafka broker at {servers} (bootstrap servers: "
                       "--bootstrap-servers or ASSEMBLER_BOOTSTRAP_SERVERS)")
+
+
+async def refused(servers: str, security: KafkaSecurity) -> TopicError:
+    """The error of a client that could not start: the broker's refusal of these
+    credentials or certificates when that is the cause, else `unreachable`."""
+    problem = await connection_problem(servers, security)
+    return TopicError(problem) if problem else unreachable(servers)
+
+
+def not_authorized(topic: str, operation: str) -> TopicError:
+    return TopicError(f"not authorized to {operation} topic {topic}: {ACLS_HINT}")
 
 
 @dataclass(frozen=True)
@@ -82,14 +100,16 @@ class TopicReport:
         return line + (": " + "; ".join(self.differences) if self.differences else "")
 
 
-async def create_topics(servers: str, specs: list[TopicSpec]) -> list[TopicReport]:
+async def create_topics(servers: str, specs: list[TopicSpec],
+                        security: KafkaSecurity = PLAINTEXT) -> list[TopicReport]:
     """Create what is missing; compare what exists with the spec. Raises TopicError when the
     broker cannot be reached or refuses a topic."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000,
+                                **security.client_args())
     try:
         await admin.start()
     except KafkaConnectionError:
-        raise unreachable(servers) from None
+        raise await refused(servers, security) from None
     try:
         response = await admin.create_topics(
             [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
@@ -160,8 +180,10 @@ class TopicWatch:
     can say why the worker waits (faust only logs "Ignoring missing topic" at each rebalance).
     A change is logged once: each missing topic with the command that creates it."""
 
-    def __init__(self, servers: str, topics: list[str], interval: float = 5.0) -> None:
+    def __init__(self, servers: str, topics: list[str], interval: float = 5.0,
+                 security: KafkaSecurity = PLAINTEXT) -> None:
         self._servers = servers
+        self._security = security
         self.topics = topics
         self._interval = interval
         self.missing: tuple[str, ...] = ()
@@ -174,7 +196,8 @@ class TopicWatch:
     async def run(self) -> None:
         """Until cancelled. A broker that does not answer leaves the last finding as it is:
         the consumer reports that on its own."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._servers, request_timeout_ms=10_000)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._servers, request_timeout_ms=10_000,
+                                    **self._security.client_args())
         try:
             while True:
                 try:
@@ -201,4 +224,5 @@ class TopicWatch:
 
 def topic_watch(settings: Settings) -> TopicWatch:
     """A watch on the topics worker_topics creates."""
-    return TopicWatch(settings.bootstrap_servers, [s.name for s in worker_topics(settings, 1, 1)])
+    return TopicWatch(settings.bootstrap_servers, [s.name for s in worker_topics(settings, 1, 1)],
+                      security=kafka_security(settings))

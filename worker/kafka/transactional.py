@@ -54,6 +54,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
+from worker.kafka.connection import kafka_security
 from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from worker.kafka.records import Origin, Outcome, OutRecord, value_of
 from worker.kafka.runner import (
@@ -139,6 +140,7 @@ class TransactionalWorker:
     def __init__(self, settings: Settings, runner: EventRunner) -> None:
         self.settings = settings
         self.runner = runner
+        self.security = kafka_security(settings)
         self.held: dict[TopicPartition, _Partition] = {}  # producer started, position set
         self.assignment = _Assignment(self)
         runner.metrics.assigned.set_function(lambda: len(self.held))
@@ -168,6 +170,7 @@ class TransactionalWorker:
             session_timeout_ms=int(settings.session_timeout_seconds * 1000),
             heartbeat_interval_ms=int(HEARTBEAT_INTERVAL_SECONDS * 1000),
             isolation_level="read_committed",
+            **self.security.client_args(),
         )
         consumer.subscribe([settings.input_topic], listener=self.assignment)
         self.runner.watch_lag(consumer.last_stable_offset)  # read_committed reads up to it
@@ -231,6 +234,7 @@ class TransactionalWorker:
             max_request_size=self.settings.max_message_bytes,
             max_batch_size=batch_bytes,
             linger_ms=PRODUCER_LINGER_MS,
+            **self.security.client_args(),
         )
 
     async def take(self, assigned: Iterable[TopicPartition]) -> None:

@@ -27,6 +27,7 @@ from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Limits, encode
 from worker.intake.policies import PolicyRegistry
 from worker.intake.recorded import PinnedRegistry, PolicyNotRecorded, RecordedPolicies
+from worker.kafka.connection import PLAINTEXT, KafkaSecurity
 from worker.kafka.policies import read_policies
 from worker.kafka.records import (
     SOURCE_OFFSET,
@@ -73,6 +74,7 @@ class ReplayRequest:
     recorded: bool = False
     policies_topic: str = "assembler.policies"
     policies: RecordedPolicies | None = None
+    security: KafkaSecurity = PLAINTEXT
 
 
 @dataclass
@@ -112,7 +114,7 @@ ContextFor = Callable[[Coordinates], HandlerContext]
 async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
     """Replay the requested range of the input topic; compare with what was published if
     asked. Outputs are kept (whole) also when `stop` ends the replay early."""
-    async with TopicReader(request.bootstrap_servers) as reader:
+    async with TopicReader(request.bootstrap_servers, request.security) as reader:
         spans = await reader.spans(request.input_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
         published: Published | None = None
@@ -238,6 +240,7 @@ async def _transaction(request: ReplayRequest) -> AsyncIterator[AIOKafkaProducer
         bootstrap_servers=request.bootstrap_servers,
         transactional_id=f"context-assembler-replay-{uuid.uuid4()}",
         transaction_timeout_ms=900_000,
+        **request.security.client_args(),
     )
     await producer.start()
     try:
@@ -328,11 +331,12 @@ def _source(headers: Headers) -> tuple[str, int, int] | None:
 
 
 async def find_recorded(
-    bootstrap_servers: str, audit_topic: str, request_id: str, from_ms: int | None
+    bootstrap_servers: str, audit_topic: str, request_id: str, from_ms: int | None,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> tuple[bytes, bytes, str]:
     """The latest audit published for `request_id`, the input event it came from, and
     where that was ("topic/partition/offset")."""
-    async with TopicReader(bootstrap_servers) as reader:
+    async with TopicReader(bootstrap_servers, security) as reader:
         spans = await reader.spans(audit_topic, from_ms=from_ms)
         latest: Origin | None = None
         audit = b""
