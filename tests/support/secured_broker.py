@@ -6,6 +6,7 @@ users at format time; the jars are scripts/kafka.sh's.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -20,7 +21,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest
 
-from tests.support.broker import KAFKA_SH
+from tests.support.broker import KAFKA_SH, Broker
 
 REPO = KAFKA_SH.parents[1]
 ADMIN = "admin"
@@ -91,9 +92,9 @@ def _jars() -> str:
     return f"{cache}/*"
 
 
-class SecuredBroker:
+class SecuredBroker(Broker):
     """One secured single-node broker in `workdir`; `start` returns once the admin
-    principal can describe the cluster over SASL_SSL."""
+    principal can describe the cluster over SASL_SSL. The tests' own clients are the admin's."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -102,6 +103,16 @@ class SecuredBroker:
         self.assembler_password = secrets.token_urlsafe(16)
         self.sasl_port, self.ssl_port, self._controller_port = _free_ports(3)
         self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.sasl_servers
+
+    def client_args(self) -> dict[str, Any]:
+        return self.admin_args()
+
+    def restart(self) -> None:
+        raise NotImplementedError("the secured broker is not restarted by any test")
 
     @property
     def sasl_servers(self) -> str:
@@ -154,6 +165,10 @@ class SecuredBroker:
         ])
 
     def start(self) -> None:
+        self._launch()
+        asyncio.run(self.wait_ready())
+
+    def _launch(self) -> None:
         jars = _jars()
         properties = self.workdir / "server.properties"
         properties.write_text(self._config())
@@ -198,7 +213,7 @@ class SecuredBroker:
                     raise
             finally:
                 await admin.close()
-            time.sleep(0.5)
+            await asyncio.sleep(0.5)
 
     async def set_acls(self, principal: str, bindings: list[tuple[str, str, str, str]],
                        *, grant: bool = True) -> None:

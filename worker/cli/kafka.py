@@ -46,6 +46,24 @@ def cmd_worker(_: argparse.Namespace) -> int:
     return run_worker(load_settings())
 
 
+@command
+def cmd_acls(args: argparse.Namespace) -> int:
+    """acls --principal User:NAME: what to grant, printed; nothing is sent to the broker."""
+    from worker.kafka.acls import kafka_acls_commands, strimzi_kafka_user, worker_acls
+    from worker.kafka.settings import load_settings
+
+    if not args.principal.startswith("User:") or args.principal == "User:":
+        raise UsageError(f"--principal {args.principal!r}: expected User:NAME")
+    settings = load_settings()
+    acls = worker_acls(settings)
+    if args.format == "strimzi":
+        print(strimzi_kafka_user(args.principal, acls, args.strimzi_cluster))
+    else:
+        servers = args.bootstrap_servers or settings.bootstrap_servers
+        print("\n".join(kafka_acls_commands(args.principal, acls, servers)))
+    return 0
+
+
 def quiet_kafka_client() -> None:
     """aiokafka logs each failed connection and each metadata retry for a missing topic;
     these commands check the broker and the topics themselves and report once."""

@@ -154,9 +154,14 @@ class Settings(BaseSettings):
     def limits(self) -> Limits:
         return Limits.model_validate({name: getattr(self, name) for name in Limits.model_fields})
 
+    @property
+    def transactional_id_prefix(self) -> str:
+        """What every transactional id of the worker starts with (its ACL is PREFIXED)."""
+        return f"{self.transactional_id or self.group_id}-"
+
     def transactional_id_for(self, topic: str, partition: int) -> str:
         """The transactional id of whichever replica holds input partition `partition`."""
-        return f"{self.transactional_id or self.group_id}-{topic}-{partition}"
+        return f"{self.transactional_id_prefix}{topic}-{partition}"
 
 
 def security_problems(settings: Settings) -> list[str]:
