@@ -21,6 +21,7 @@ from tests.support.worker import (
     keyed,
     produce,
     read_topic,
+    wait_for,
 )
 from worker.kafka.acls import Acl, worker_acls
 from worker.kafka.settings import Settings
@@ -190,3 +191,45 @@ def test_the_cli_reads_the_same_settings(secured: SecuredBroker, tmp_path: Path)
     assert refused.returncode == 2
     assert "SASL authentication failed" in refused.stderr
     assert secured.admin_password not in refused.stderr + refused.stdout
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_write_revoked_on_the_audit_topic_then_granted_again_loses_nothing(
+    secured: SecuredBroker, tmp_path: Path, guarantee: str,
+) -> None:
+    """The events wait, uncommitted, with /ready false saying why; once WRITE is back each
+    is published once, and nothing is dead-lettered."""
+    topics = Topics.fresh()
+    await topics.create(secured)
+    await grant(secured, SCRAM_PRINCIPAL, acls_of(topics, guarantee))
+    audit_write = [("TOPIC", topics.audit, "LITERAL", "WRITE")]
+    lines = events(12)
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess(secured, topics, log, guarantee=guarantee,
+                           extra_env=scram_env(secured, tmp_path)).start()
+    committed = guarantee == "exactly_once"
+    try:
+        worker.wait_ready()
+        await produce(secured, topics.input, keyed(lines[:6]))
+        await read_topic(secured, topics.audit, until=6, committed_only=committed)
+        await secured.set_acls(SCRAM_PRINCIPAL, audit_write, grant=False)
+        await produce(secured, topics.input, keyed(lines[6:]))
+        await wait_for(lambda: worker.get("/ready")[0] == 503, timeout=60)
+        _, reason = worker.get("/ready")
+        assert b"TopicAuthorizationFailed" in reason, reason
+        assert b"context-assembler acls --principal" in reason
+        assert worker.alive()
+        await secured.set_acls(SCRAM_PRINCIPAL, audit_write)
+        audits = await read_topic(secured, topics.audit, until=12, settle=2,
+                                  committed_only=committed)
+        prompts = await read_topic(secured, topics.prompts, until=12, settle=1,
+                                   committed_only=committed)
+        expected_prompts, expected_audits = file_mode(lines)
+        assert sorted(r.key.decode() for r in audits) == sorted(expected_audits)  # each once
+        assert {r.key.decode(): r.value for r in audits} == expected_audits
+        assert {r.key.decode(): r.value for r in prompts} == expected_prompts
+        await wait_for(lambda: worker.get("/ready")[0] == 200, timeout=60)
+        assert await read_topic(secured, topics.dlq, until=1, timeout=2) == []
+    finally:
+        assert worker.stop() == 0
+    assert_no_secret(secured, log)

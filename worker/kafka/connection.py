@@ -19,9 +19,12 @@ from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
+    GroupAuthorizationFailedError,
     KafkaConnectionError,
     KafkaError,
     SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
     UnsupportedSaslMechanismError,
 )
 from pydantic import SecretStr
@@ -156,6 +159,13 @@ def _ssl_context(settings: Settings) -> ssl.SSLContext:
 
 
 ACLS_HINT = "grant the ACLs `context-assembler acls --principal User:NAME` prints"
+_AUTHORIZATION_ERRORS = (TopicAuthorizationFailedError, GroupAuthorizationFailedError,
+                         TransactionalIdAuthorizationFailed)
+
+
+def acl_hint(error: BaseException | None) -> str:
+    """What to add to a refusal that an ACL would lift ('' for any other error)."""
+    return f" (a missing ACL: {ACLS_HINT})" if isinstance(error, _AUTHORIZATION_ERRORS) else ""
 
 
 async def connection_problem(servers: str, security: KafkaSecurity) -> str | None:

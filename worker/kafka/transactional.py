@@ -54,7 +54,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
-from worker.kafka.connection import kafka_security
+from worker.kafka.connection import acl_hint, kafka_security
 from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from worker.kafka.records import Origin, Outcome, OutRecord, value_of
 from worker.kafka.runner import (
@@ -485,7 +485,10 @@ class TransactionalWorker:
             log.warning("transaction aborted, replaying %s's events with smaller records",
                         partition.tp)
             return
-        record, cause = (others or failures)[0]
+        # A refusal an ACL would lift is the cause; the sends after it in the transaction
+        # only fail with InvalidTxnState.
+        candidates = others or failures
+        record, cause = next((f for f in candidates if acl_hint(f[1])), candidates[0])
         if partition.attempts is None:
             partition.attempts = Attempts(self.runner, f"transaction of {partition.tp}")
         await partition.attempts.failed(
