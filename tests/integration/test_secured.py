@@ -151,19 +151,25 @@ async def test_a_refused_connection_stops_the_worker_at_start_with_one_line_nami
     assert "not-the-password" not in text
 
 
-async def test_a_missing_describe_acl_names_the_topic_and_the_acls_command(
-    secured: SecuredBroker, tmp_path: Path,
+@pytest.mark.parametrize("missing", ["audit topic", "group"])
+async def test_a_missing_acl_at_start_names_the_resource_and_the_acls_command(
+    secured: SecuredBroker, tmp_path: Path, missing: str,
 ) -> None:
+    """A topic the worker may not DESCRIBE, or a group it may not READ (where faust would
+    wait silently), stops it before it joins the group."""
     topics = Topics.fresh()
     await topics.create(secured)
-    acls = [acl for acl in acls_of(topics, "at_least_once") if acl.name != topics.audit]
+    withheld = topics.audit if missing == "audit topic" else topics.group
+    acls = [acl for acl in acls_of(topics, "at_least_once") if acl.name != withheld]
     await grant(secured, SCRAM_PRINCIPAL, acls)
     log = tmp_path / "worker.log"
     worker = WorkerProcess(secured, topics, log, extra_env=scram_env(secured, tmp_path)).start()
     assert worker.process is not None
     assert worker.process.wait(timeout=60) == 2, worker.log_tail()
     (problem,) = [line for line in log.read_text().splitlines() if "cannot start" in line]
-    assert f"not authorized to DESCRIBE topics {topics.audit}" in problem
+    expected = {"audit topic": f"not authorized to DESCRIBE topics {topics.audit}",
+                "group": f"not authorized to READ group {topics.group}"}[missing]
+    assert expected in problem
     assert "context-assembler acls --principal" in problem
 
 

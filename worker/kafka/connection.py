@@ -203,11 +203,13 @@ async def connection_problem(servers: str, security: KafkaSecurity) -> str | Non
     return None
 
 
-async def start_up_problem(servers: str, security: KafkaSecurity, topics: list[str]) -> str | None:
+async def start_up_problem(servers: str, security: KafkaSecurity, topics: list[str],
+                           group: str) -> str | None:
     """What keeps the worker from working with these credentials, checked before it joins
-    its group: the broker refusing them, or a topic it may not even DESCRIBE. A broker that
-    does not answer, or a topic not created yet, is not a problem here: the worker waits
-    for those, saying so on /ready."""
+    its group: the broker refusing them, a topic it may not even DESCRIBE, or a group it may
+    not READ (faust would wait for the group silently). A broker that does not answer, or a
+    topic not created yet, is not a problem here: the worker waits for those, saying so on
+    /ready."""
     problem = await connection_problem(servers, security)
     if problem:
         return problem
@@ -216,12 +218,16 @@ async def start_up_problem(servers: str, security: KafkaSecurity, topics: list[s
     try:
         await admin.start()
         described = await admin.describe_topics(topics)
+        denied = sorted(t["topic"] for t in described
+                        if t["error_code"] == TOPIC_AUTHORIZATION_FAILED)
+        if denied:
+            return (f"{security.describe()} is not authorized to DESCRIBE topics "
+                    f"{', '.join(denied)}: {ACLS_HINT}")
+        await admin.list_consumer_group_offsets(group)  # needs the group's READ
+    except GroupAuthorizationFailedError:
+        return f"{security.describe()} is not authorized to READ group {group}: {ACLS_HINT}"
     except (KafkaError, TimeoutError):
         return None
     finally:
         await admin.close()
-    denied = sorted(t["topic"] for t in described if t["error_code"] == TOPIC_AUTHORIZATION_FAILED)
-    if denied:
-        return (f"{security.describe()} is not authorized to DESCRIBE topics "
-                f"{', '.join(denied)}: {ACLS_HINT}")
     return None

@@ -64,7 +64,7 @@ def _start_up_problem(settings: Settings) -> str | None:
     loop = asyncio.new_event_loop()
     try:
         return loop.run_until_complete(
-            start_up_problem(settings.bootstrap_servers, security, topics))
+            start_up_problem(settings.bootstrap_servers, security, topics, settings.group_id))
     finally:
         loop.close()
 
