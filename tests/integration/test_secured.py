@@ -174,8 +174,8 @@ async def test_a_missing_acl_at_start_names_the_resource_and_the_acls_command(
 
 
 def test_the_cli_reads_the_same_settings(secured: SecuredBroker, tmp_path: Path) -> None:
-    """`topics create` as the admin principal over SASL_SSL; as the worker's principal, which
-    may not create topics, it is refused with the reason."""
+    """`topics create`, `produce`, `replay` and `redrive` as the admin principal over
+    SASL_SSL; with a wrong password, refused with the reason."""
     admin_password = tmp_path / "admin-password"
     admin_password.write_text(secured.admin_password)
     topics = Topics.fresh()
@@ -190,6 +190,17 @@ def test_the_cli_reads_the_same_settings(secured: SecuredBroker, tmp_path: Path)
                              check=False, timeout=120)
     assert created.returncode == 0, created.stderr
     assert created.stdout.count("created") == 5
+    lines = b"\n".join(events(3)).decode()
+    for command, stdin, expected in [
+        (["produce", "-"], lines, "sent 3 events"),
+        (["replay", "--count", "3"], "", "replayed 3 events (0 rejected)"),
+        (["redrive", "--dry-run"], "", f"would re-drive 0 dead letters to {topics.input}"),
+    ]:
+        ran = subprocess.run([sys.executable, "-m", "worker.cli", *command],
+                             env={**os.environ, **as_admin}, input=stdin, capture_output=True,
+                             text=True, check=False, timeout=120)
+        assert ran.returncode == 0, (command, ran.stderr)
+        assert expected in ran.stdout + ran.stderr, (command, ran.stdout, ran.stderr)
     wrong = {**as_admin, "ASSEMBLER_SASL_PASSWORD": "nope", "ASSEMBLER_SASL_PASSWORD_FILE": ""}
     refused = subprocess.run([sys.executable, "-m", "worker.cli", "produce", "-"], env={**os.environ, **wrong},
                              input="{}\n", capture_output=True, text=True, check=False,
