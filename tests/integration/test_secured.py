@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.secured_broker import ASSEMBLER, MTLS_CN, SecuredBroker
+from tests.support.secured_broker import ASSEMBLER, MTLS_CN, SecuredBroker, unsigned_token
 from tests.support.worker import (
     Topics,
     WorkerProcess,
@@ -28,6 +28,7 @@ from worker.kafka.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 SCRAM_PRINCIPAL = f"User:{ASSEMBLER}"
+OAUTH_SUBJECT = "assembler-oauth"
 MTLS_PRINCIPAL = f"User:CN={MTLS_CN}"
 
 
@@ -78,15 +79,28 @@ def assert_no_secret(broker: SecuredBroker, log: Path) -> None:
     assert broker.admin_password not in text
 
 
+def oauth_env(broker: SecuredBroker, tmp_path: Path) -> dict[str, str]:
+    token_file = tmp_path / "token"
+    token_file.write_text(unsigned_token(OAUTH_SUBJECT) + "\n")
+    return {"ASSEMBLER_SECURITY_PROTOCOL": "SASL_SSL",
+            "ASSEMBLER_SASL_MECHANISM": "OAUTHBEARER",
+            "ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE": str(token_file),
+            "ASSEMBLER_SSL_CA_FILE": str(broker.certs.ca)}
+
+
 @pytest.mark.parametrize(("guarantee", "transport"), [
-    ("at_least_once", "scram"), ("exactly_once", "scram"), ("exactly_once", "mtls")])
+    ("at_least_once", "scram"), ("exactly_once", "scram"), ("exactly_once", "mtls"),
+    ("at_least_once", "oauthbearer")])
 async def test_the_worker_answers_with_only_the_documented_acls_byte_equal_to_file_mode(
     secured: SecuredBroker, tmp_path: Path, guarantee: str, transport: str,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(secured)
-    principal, env = ((SCRAM_PRINCIPAL, scram_env(secured, tmp_path)) if transport == "scram"
-                      else (MTLS_PRINCIPAL, mtls_env(secured)))
+    principal, env = {
+        "scram": lambda: (SCRAM_PRINCIPAL, scram_env(secured, tmp_path)),
+        "mtls": lambda: (MTLS_PRINCIPAL, mtls_env(secured)),
+        "oauthbearer": lambda: (f"User:{OAUTH_SUBJECT}", oauth_env(secured, tmp_path)),
+    }[transport]()
     await grant(secured, principal, acls_of(topics, guarantee))
     lines = events(24)
     log = tmp_path / "worker.log"

@@ -7,6 +7,8 @@ users at format time; the jars are scripts/kafka.sh's.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import secrets
 import signal
@@ -70,6 +72,15 @@ class Certificates:
                                        + paths["ca.pem"].read_bytes())
         return cls(paths["ca.pem"], paths["store.pem"], paths["client.pem"],
                    paths["client.key"], paths["other-ca.pem"])
+
+
+def unsigned_token(subject: str, lifetime_seconds: int = 3600) -> str:
+    """An OAUTHBEARER token Kafka's unsecured validator accepts: an unsigned JWT."""
+    def part(claims: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+
+    now = int(time.time())
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + lifetime_seconds})}."
 
 
 def _free_ports(count: int) -> list[int]:
@@ -143,8 +154,11 @@ class SecuredBroker(Broker):
             "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
             f'listener.name.controller.plain.sasl.jaas.config={plain} {admin} '
             f'user_{ADMIN}="{self.admin_password}";',
-            "listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512",
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512,OAUTHBEARER",
             f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={scram} {admin};",
+            # Unsigned tokens (Kafka's unsecured validator): the principal is the `sub` claim.
+            "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config=org.apache.kafka.common."
+            "security.oauthbearer.OAuthBearerLoginModule required;",
             "listener.name.ssl.ssl.client.auth=required",
             "ssl.keystore.type=PEM",
             f"ssl.keystore.location={self.certs.broker_store}",
