@@ -89,8 +89,8 @@ def oauth_env(broker: SecuredBroker, tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("guarantee", "transport"), [
-    ("at_least_once", "scram"), ("exactly_once", "scram"), ("exactly_once", "mtls"),
-    ("at_least_once", "oauthbearer")])
+    ("at_least_once", "scram"), ("exactly_once", "scram"), ("at_least_once", "mtls"),
+    ("exactly_once", "mtls"), ("at_least_once", "oauthbearer")])
 async def test_the_worker_answers_with_only_the_documented_acls_byte_equal_to_file_mode(
     secured: SecuredBroker, tmp_path: Path, guarantee: str, transport: str,
 ) -> None:
