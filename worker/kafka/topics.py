@@ -15,7 +15,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError, NodeNotReadyError
 
 from worker.engine.errors import ContextAssemblerError
 from worker.kafka.connection import (
@@ -178,7 +178,9 @@ async def _differences(
 class TopicWatch:
     """Which of the worker's topics are missing, checked every `interval` seconds, so /ready
     can say why the worker waits (faust only logs "Ignoring missing topic" at each rebalance).
-    A change is logged once: each missing topic with the command that creates it."""
+    A change is logged once: each missing topic with the command that creates it. So is a
+    broker refusing the connection once the worker runs (credentials rotated, a certificate
+    expired), which aiokafka's clients only log at each reconnect."""
 
     def __init__(self, servers: str, topics: list[str], interval: float = 5.0,
                  security: KafkaSecurity = PLAINTEXT) -> None:
@@ -187,8 +189,11 @@ class TopicWatch:
         self.topics = topics
         self._interval = interval
         self.missing: tuple[str, ...] = ()
+        self.refused: str | None = None  # why the broker refuses the connection, if it does
 
     def reason(self) -> str | None:
+        if self.refused:
+            return f"the broker refuses the connection: {self.refused}"
         if not self.missing:
             return None
         return f"missing topics: {', '.join(self.missing)}; create them with `{CREATE_COMMAND}`"
@@ -203,13 +208,23 @@ class TopicWatch:
                 try:
                     await admin.start()  # no-op once started
                     described = await admin.describe_topics(self.topics)
+                except (KafkaConnectionError, NodeNotReadyError):
+                    self._refused(await connection_problem(self._servers, self._security))
                 except (KafkaError, TimeoutError):
                     pass
                 else:
+                    self._refused(None)
                     self._update(described)
                 await asyncio.sleep(self._interval)
         finally:
             await admin.close()
+
+    def _refused(self, problem: str | None) -> None:
+        if problem and problem != self.refused:
+            log.error("the broker refuses the connection: %s", problem)
+        elif self.refused and not problem:
+            log.info("the broker accepts the connection again")
+        self.refused = problem
 
     def _update(self, described: list[dict[str, Any]]) -> None:
         unknown = {t["topic"] for t in described if t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION}
