@@ -85,6 +85,7 @@ KEDA_KAFKA_KEYS = frozenset(
      "ensureEvenDistributionOfPartitions", "version", "tls", "sasl", "saslTokenProvider",
      "unsafeSsl", "awsRegion"}
 )
+KEDA_KINDS = frozenset({"ScaledObject", "TriggerAuthentication"})  # KEDA's, not built in
 KEDA_KAFKA_FROM_ENV = frozenset({"bootstrapServers", "consumerGroup", "topic"})
 KEDA_KAFKA_BOOLEANS = frozenset(
     {"allowIdleConsumers", "excludePersistentLag", "scaleToZeroOnInvalidOffset",
@@ -365,7 +366,7 @@ def test_a_policy_edit_changes_the_pod_template(tmp_path: Path) -> None:
 def test_builtin_objects_match_kubernetes_schemas(objects: list[Object]) -> None:
     kv = pytest.importorskip("kubernetes_validate")
     for obj in objects:
-        if obj["kind"] == "ScaledObject":
+        if obj["kind"] in KEDA_KINDS:
             continue
         for version in K8S_SCHEMA_VERSIONS:
             # strict: unknown fields (typos such as `readinesProbe`) are errors too.

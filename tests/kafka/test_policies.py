@@ -17,6 +17,7 @@ from worker.engine.policy import Policy
 from worker.intake.policies import load_preset
 from worker.intake.recorded import record_bytes
 from worker.kafka import policies as module
+from worker.kafka.connection import KafkaSecurity
 from worker.kafka.policies import publish_at_start, read_policies
 from worker.kafka.settings import Settings
 from worker.kafka.topics import missing_topic
@@ -31,13 +32,13 @@ def test_a_missing_topic_is_logged_once_and_waited_for(
     checks: list[str] = []
     published: list[list[str]] = []
 
-    async def check(servers: str, topic: str) -> None:
+    async def check(servers: str, topic: str, security: KafkaSecurity) -> None:
         checks.append(topic)
         if len(checks) < 4:
             raise missing_topic(topic)
 
     async def publish(servers: str, topic: str, policies: Sequence[Policy], size: int,
-                      compression: str | None) -> None:
+                      compression: str | None, security: KafkaSecurity) -> None:
         published.append([p.hash for p in policies])
 
     monkeypatch.setattr(module, "check_topic", check)
@@ -52,7 +53,7 @@ def test_a_missing_topic_is_logged_once_and_waited_for(
 
 
 def test_stopping_while_waiting_publishes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def check(servers: str, topic: str) -> None:
+    async def check(servers: str, topic: str, security: KafkaSecurity) -> None:
         raise missing_topic(topic)
 
     async def run() -> bool:

@@ -18,6 +18,7 @@ from tests.support.worker import events
 from worker.intake.codec import RejectedInput
 from worker.intake.policies import build_registry
 from worker.kafka import redrive as module
+from worker.kafka.connection import KafkaSecurity
 from worker.kafka.records import (
     ERR,
     TRUNCATED,
@@ -75,9 +76,9 @@ def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
     topics = Topics()
     for raw in [*NAMING, BAD]:
         reject(topics, raw, (("traceparent", b"00-abc-def-01"),))
-    monkeypatch.setattr(module, "TopicReader", lambda servers: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
 
-    async def exists(servers: str, topic: str) -> None:
+    async def exists(servers: str, topic: str, security: KafkaSecurity) -> None:
         pass
 
     monkeypatch.setattr(module, "check_topic", exists)

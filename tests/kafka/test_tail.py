@@ -40,9 +40,8 @@ def published() -> Topics:
 
 def tailed(monkeypatch: pytest.MonkeyPatch, topics: Topics, kind: str, topic: str,
            count: int) -> list[str]:
-    monkeypatch.setattr(module, "TopicReader", lambda servers: FakeReader(topics))
     lines: list[str] = []
-    asyncio.run(tail("fake:9092", kind, topic, count, False, lines.append))
+    asyncio.run(tail(FakeReader(topics), kind, topic, count, False, lines.append))
     return lines
 
 

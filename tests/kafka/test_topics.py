@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any, ClassVar
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 
 from worker.cli.main import main
 from worker.kafka import topics
@@ -143,6 +144,41 @@ async def test_a_missing_topic_is_logged_once_and_is_the_ready_reason(
     finally:
         watching.cancel()
         await server.stop()
+
+
+async def test_a_refused_connection_at_run_time_is_logged_once_and_is_the_ready_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusal = "SASL authentication failed at broker:9092 (SASL_SSL SCRAM-SHA-512 as svc)"
+    problems: list[str | None] = [refusal]
+
+    class RefusingAdmin(FakeAdmin):
+        async def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
+            if problems[0]:
+                raise KafkaConnectionError("Unable to bootstrap")
+            return await super().describe_topics(names)
+
+    async def diagnose(servers: str, security: object) -> str | None:
+        return problems[0]
+
+    monkeypatch.setattr(topics, "AIOKafkaAdminClient", RefusingAdmin)
+    monkeypatch.setattr(topics, "connection_problem", diagnose)
+    monkeypatch.setattr(FakeAdmin, "existing", {"in"})
+    watch = TopicWatch("broker:9092", ["in"], interval=0.01)
+    caplog.set_level(logging.INFO, logger="worker.kafka.topics")
+    watching = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: watch.refused == refusal)
+        await asyncio.sleep(0.1)  # several more checks
+        assert watch.reason() == f"the broker refuses the connection: {refusal}"
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert errors == [f"the broker refuses the connection: {refusal}"]
+        problems[0] = None
+        await until(lambda: watch.refused is None)
+        assert watch.reason() is None
+        assert "the broker accepts the connection again" in caplog.text
+    finally:
+        watching.cancel()
 
 
 def get(port: int | None, path: str) -> tuple[int, object]:

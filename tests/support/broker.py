@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -30,6 +31,10 @@ class Broker(ABC):
     @abstractmethod
     def bootstrap_servers(self) -> str:
         """host:port for Kafka clients."""
+
+    def client_args(self) -> dict[str, Any]:
+        """aiokafka arguments for the tests' own clients (a secured broker's admin's)."""
+        return {"bootstrap_servers": self.bootstrap_servers}
 
     @abstractmethod
     def start(self) -> None:
@@ -56,7 +61,7 @@ class Broker(ABC):
             NewTopic(name, partitions, 1, topic_configs=configs)
             for name, partitions in names.items()
         ]
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+        admin = AIOKafkaAdminClient(**self.client_args())
         await admin.start()
         try:
             response = await admin.create_topics(topics)

@@ -150,7 +150,7 @@ class WorkerProcess:
 
 async def produce(broker: Broker, topic: str,
                   records: Iterable[tuple[bytes | None, bytes, list[Header]]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+    producer = AIOKafkaProducer(acks="all", **broker.client_args())
     await producer.start()
     try:
         for key, value, headers in records:
@@ -163,7 +163,7 @@ async def produce(broker: Broker, topic: str,
 async def partitions_of(broker: Broker, topic: str, timeout: float = 60) -> list[int]:
     """The partitions of `topic`, once the broker's metadata has them. Every topic is asked
     for: asking for one by name could have the broker create it."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    admin = AIOKafkaAdminClient(**broker.client_args())
     await admin.start()
     try:
         deadline = time.monotonic() + timeout
@@ -182,7 +182,7 @@ async def read_topic(broker: Broker, topic: str, *, until: int, timeout: float =
                      committed_only: bool = False, settle: float = 0.0) -> list[ConsumerRecord]:
     """Every record from the beginning, until `until` records arrived (then `settle` s more)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=broker.bootstrap_servers,
+        **broker.client_args(),
         isolation_level="read_committed" if committed_only else "read_uncommitted",
         enable_auto_commit=False,
     )
@@ -211,7 +211,7 @@ async def read_topic(broker: Broker, topic: str, *, until: int, timeout: float =
 
 async def committed_offsets(broker: Broker, group: str, topic: str) -> dict[int, int]:
     """The group's committed offset of each partition of `topic` (absent: none committed)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    admin = AIOKafkaAdminClient(**broker.client_args())
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(group)
@@ -224,7 +224,7 @@ async def committed_offsets(broker: Broker, group: str, topic: str) -> dict[int,
 async def end_offsets(broker: Broker, topic: str) -> dict[int, int]:
     """The offset after the last record of each partition of `topic`."""
     partitions = [TopicPartition(topic, p) for p in await partitions_of(broker, topic)]
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
+    consumer = AIOKafkaConsumer(**broker.client_args())
     await consumer.start()
     try:
         ends = await consumer.end_offsets(partitions)

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from worker.cli.common import (
     UsageError,
@@ -34,6 +34,9 @@ from worker.intake.recorded import (
     read_records_file,
 )
 
+if TYPE_CHECKING:
+    from worker.kafka.settings import Settings
+
 
 @command
 def cmd_worker(_: argparse.Namespace) -> int:
@@ -41,6 +44,24 @@ def cmd_worker(_: argparse.Namespace) -> int:
     from worker.kafka.settings import load_settings
 
     return run_worker(load_settings())
+
+
+@command
+def cmd_acls(args: argparse.Namespace) -> int:
+    """acls --principal User:NAME: what to grant, printed; nothing is sent to the broker."""
+    from worker.kafka.acls import kafka_acls_commands, strimzi_kafka_user, worker_acls
+    from worker.kafka.settings import load_settings
+
+    if not args.principal.startswith("User:") or args.principal == "User:":
+        raise UsageError(f"--principal {args.principal!r}: expected User:NAME")
+    settings = load_settings()
+    acls = worker_acls(settings)
+    if args.format == "strimzi":
+        print(strimzi_kafka_user(args.principal, acls, args.strimzi_cluster))
+    else:
+        servers = args.bootstrap_servers or settings.bootstrap_servers
+        print("\n".join(kafka_acls_commands(args.principal, acls, servers)))
+    return 0
 
 
 def quiet_kafka_client() -> None:
@@ -55,6 +76,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     one exists with other partitions, replication or configs (reported, left as it is)."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.settings import load_settings
     from worker.kafka.topics import create_topics, worker_topics
 
@@ -62,7 +84,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     settings = load_settings()
     servers = args.bootstrap_servers or settings.bootstrap_servers
     specs = worker_topics(settings, args.partitions, args.replication_factor)
-    reports = asyncio.run(create_topics(servers, specs))
+    reports = asyncio.run(create_topics(servers, specs, kafka_security(settings)))
     for report in reports:
         print(report.render())
     return 1 if any(r.status == "differs" for r in reports) else 0
@@ -74,6 +96,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     letter (1 if some have neither after --timeout)."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.produce import produce
     from worker.kafka.replay.reader import TopicReader
     from worker.kafka.settings import load_settings
@@ -83,15 +106,15 @@ def cmd_produce(args: argparse.Namespace) -> int:
     settings = load_settings()
     servers = args.bootstrap_servers or settings.bootstrap_servers
     topic = args.topic or settings.input_topic
-    compression = settings.producer_compression
+    compression, security = settings.producer_compression, kafka_security(settings)
 
     async def send(lines: Iterable[bytes]) -> Answers | None:
         if not args.wait:
-            report_sent(len(await produce(servers, topic, lines, compression)), topic)
+            report_sent(len(await produce(servers, topic, lines, compression, security)), topic)
             return None
-        async with TopicReader(servers) as reader:
+        async with TopicReader(servers, security) as reader:
             starts = await output_ends(reader, [settings.prompts_topic, settings.dlq_topic])
-            sent = await produce(servers, topic, lines, compression)
+            sent = await produce(servers, topic, lines, compression, security)
             report_sent(len(sent), topic)
             return await wait_for_answers(reader, starts, settings.prompts_topic,
                                           [(topic, p, o) for p, o in sent], args.timeout)
@@ -123,6 +146,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     --follow, new ones as they come until Ctrl-C."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
+    from worker.kafka.replay.reader import TopicReader
     from worker.kafka.settings import load_settings
     from worker.kafka.tail import tail
 
@@ -136,8 +161,12 @@ def cmd_tail(args: argparse.Namespace) -> int:
     def write(line: str) -> None:
         print(line, flush=True)
 
-    asyncio.run(tail(args.bootstrap_servers or settings.bootstrap_servers, args.output, topic,
-                     args.lines, args.follow, write))
+    async def read() -> None:
+        async with TopicReader(args.bootstrap_servers or settings.bootstrap_servers,
+                               kafka_security(settings)) as reader:
+            await tail(reader, args.output, topic, args.lines, args.follow, write)
+
+    asyncio.run(read())
     return 0
 
 
@@ -169,6 +198,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.replay.replay import ReplayRequest, replay
     from worker.kafka.settings import load_settings
 
@@ -201,6 +231,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         policies_topic=args.policies_topic or settings.policies_topic,
         policies=read_records_file(args.policies) if args.policies else None,
         compression=settings.producer_compression,
+        security=kafka_security(settings),
     )
 
     async def run() -> int:
@@ -230,15 +261,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
-def recorded_policies(args: argparse.Namespace, servers: str, topic: str) -> RecordedPolicies:
+def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedPolicies:
     """The policy records of --policies F, else of the policies topic."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.policies import fetch_policies
 
     if args.policies:
         return read_records_file(args.policies)
-    return asyncio.run(fetch_policies(servers, topic))
+    return asyncio.run(fetch_policies(args.bootstrap_servers or settings.bootstrap_servers,
+                                      args.policies_topic or settings.policies_topic,
+                                      kafka_security(settings)))
 
 
 @command
@@ -248,8 +282,7 @@ def cmd_policy_diff(args: argparse.Namespace) -> int:
 
     quiet_kafka_client()
     settings = load_settings()
-    recorded = recorded_policies(args, args.bootstrap_servers or settings.bootstrap_servers,
-                                 args.policies_topic or settings.policies_topic)
+    recorded = recorded_policies(args, settings)
     return policy_diff(recorded, args.diff)
 
 
@@ -259,6 +292,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     --yes."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.redrive import RedriveRequest, redrive
     from worker.kafka.settings import load_settings
 
@@ -277,6 +311,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
         send=args.yes,
         max_request_size=settings.max_message_bytes,
         compression=settings.producer_compression,
+        security=kafka_security(settings),
     )
     report = asyncio.run(redrive(request))
     for line in report.render(request.input_topic, request.max_redrives):
@@ -297,6 +332,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """explain REQUEST_ID --kafka: its latest audit on the audit topic, and its input."""
     import asyncio
 
+    from worker.kafka.connection import kafka_security
     from worker.kafka.replay.reader import RangeError, parse_time
     from worker.kafka.replay.replay import find_recorded
     from worker.kafka.settings import load_settings
@@ -313,6 +349,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         args.audit_topic or settings.audit_topic,
         args.request_id,
         parse_time(args.from_time) if args.from_time else None,
+        kafka_security(settings),
     ))
     try:
         event = decode_event(raw, limits(args))
@@ -323,7 +360,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     policy = recorded_policy(registry, audit.policy.name)
     print(printable(f"input {origin}"))
     try:
-        recorded = recorded_policies(args, servers, args.policies_topic or settings.policies_topic)
+        recorded = recorded_policies(args, settings)
         record = recorded.record(audit.policy.hash)
     except (PolicyNotRecorded, RangeError) as error:
         print(printable(f"recorded policy {audit.policy.name} {audit.policy.hash}: not found "

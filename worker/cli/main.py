@@ -100,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     work = commands.add_parser("worker", help="the Kafka worker (settings: ASSEMBLER_* variables)")
     work.set_defaults(handler=kafka.cmd_worker)
 
+    grants = commands.add_parser(
+        "acls", help="the ACLs the worker's principal needs, for the configured topics, group "
+        "and transactional-id prefix (ASSEMBLER_* variables)")
+    grants.add_argument("--principal", required=True, help="e.g. User:assembler, or "
+                        "User:CN=assembler for a TLS client certificate")
+    grants.add_argument("--format", choices=["kafka-acls", "strimzi"], default="kafka-acls",
+                        help="kafka-acls commands (the default) or a Strimzi KafkaUser")
+    grants.add_argument("--strimzi-cluster", default="my-cluster",
+                        help="the KafkaUser's strimzi.io/cluster label (default: my-cluster)")
+    grants.add_argument("--bootstrap-servers", help="default: ASSEMBLER_BOOTSTRAP_SERVERS")
+    grants.set_defaults(handler=kafka.cmd_acls)
+
     topics = commands.add_parser("topics", help="the worker's topics")
     topics_commands = topics.add_subparsers(dest="topics_command", required=True)
     create = topics_commands.add_parser(

@@ -47,6 +47,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 from faust.types.transports import TransportT
 
+from worker.kafka.connection import kafka_security
 from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from worker.kafka.records import Origin, OutRecord, value_of
 from worker.kafka.runner import (
@@ -84,6 +85,7 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> faust.Ap
     app = _App(
         settings.group_id,
         broker=servers,
+        broker_credentials=kafka_security(settings).faust_credentials(),
         key_serializer="raw",
         value_serializer="raw",
         processing_guarantee="at_least_once",
@@ -213,6 +215,7 @@ class _LoneProducer:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        self._security = kafka_security(settings)
         self._producer: AIOKafkaProducer | None = None
         self._starting = asyncio.Lock()
 
@@ -225,6 +228,7 @@ class _LoneProducer:
                     max_request_size=self._settings.max_message_bytes,
                     request_timeout_ms=int(REQUEST_TIMEOUT_SECONDS * 1000),
                     compression_type=self._settings.producer_compression,
+                    **self._security.client_args(),
                 )
                 try:
                     await producer.start()

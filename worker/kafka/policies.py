@@ -19,6 +19,7 @@ from aiokafka.errors import KafkaError
 
 from worker.engine.policy import Policy
 from worker.intake.recorded import RecordedPolicies, record_bytes
+from worker.kafka.connection import PLAINTEXT, KafkaSecurity, kafka_security
 from worker.kafka.produce import check_topic
 from worker.kafka.replay.reader import TopicReader
 from worker.kafka.settings import Settings
@@ -28,11 +29,12 @@ log = logging.getLogger(__name__)
 
 
 async def publish(servers: str, topic: str, policies: Sequence[Policy],
-                  max_request_size: int, compression: str | None = None) -> None:
+                  max_request_size: int, compression: str | None = None,
+                  security: KafkaSecurity = PLAINTEXT) -> None:
     """Each policy's record, keyed by its hash; returns once the broker has them all."""
     producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True,
                                 max_request_size=max_request_size,
-                                compression_type=compression)
+                                compression_type=compression, **security.client_args())
     try:
         await producer.start()
         sent = [await producer.send(topic, record_bytes(p), key=p.hash.encode())
@@ -61,13 +63,14 @@ async def publish_at_start(
     problem (a missing topic, a broker that does not answer) is logged once and kept in
     `recording`, then retried."""
     recording = recording or Recording()
+    security = kafka_security(settings)
     delay = 0.5
     topic = settings.policies_topic
     while not stop.is_set():
         try:
-            await check_topic(settings.bootstrap_servers, topic)
+            await check_topic(settings.bootstrap_servers, topic, security)
             await publish(settings.bootstrap_servers, topic, policies,
-                          settings.max_message_bytes, settings.producer_compression)
+                          settings.max_message_bytes, settings.producer_compression, security)
         except (TopicError, KafkaError, TimeoutError) as error:
             problem = str(error) or type(error).__name__
             if problem != recording.problem:
@@ -93,6 +96,7 @@ async def read_policies(reader: TopicReader, topic: str) -> RecordedPolicies:
     return recorded
 
 
-async def fetch_policies(servers: str, topic: str) -> RecordedPolicies:
-    async with TopicReader(servers) as reader:
+async def fetch_policies(servers: str, topic: str,
+                         security: KafkaSecurity = PLAINTEXT) -> RecordedPolicies:
+    async with TopicReader(servers, security) as reader:
         return await read_policies(reader, topic)

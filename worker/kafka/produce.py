@@ -16,7 +16,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError
 
-from worker.kafka.topics import UNKNOWN_TOPIC_OR_PARTITION, missing_topic, unreachable
+from worker.kafka.connection import PLAINTEXT, TOPIC_AUTHORIZATION_FAILED, KafkaSecurity
+from worker.kafka.topics import (
+    UNKNOWN_TOPIC_OR_PARTITION,
+    missing_topic,
+    not_authorized,
+    refused,
+)
 
 
 def key_of(line: bytes) -> bytes | None:
@@ -28,31 +34,37 @@ def key_of(line: bytes) -> bytes | None:
     return request_id.encode() if isinstance(request_id, str) else None
 
 
-async def check_topic(bootstrap_servers: str, topic: str) -> None:
+async def check_topic(bootstrap_servers: str, topic: str,
+                      security: KafkaSecurity = PLAINTEXT) -> None:
     """Raise TopicError unless the broker answers and has `topic`."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000,
+                                **security.client_args())
     try:
         await admin.start()
         described = await admin.describe_topics([topic])
     except (KafkaConnectionError, TimeoutError):
-        raise unreachable(bootstrap_servers) from None
+        raise await refused(bootstrap_servers, security) from None
     finally:
         await admin.close()
     if any(t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION for t in described) or not described:
         raise missing_topic(topic)
+    if any(t["error_code"] == TOPIC_AUTHORIZATION_FAILED for t in described):
+        raise not_authorized(topic, "DESCRIBE")
 
 
 async def produce(
-    bootstrap_servers: str, topic: str, lines: Iterable[bytes], compression: str | None = None
+    bootstrap_servers: str, topic: str, lines: Iterable[bytes], compression: str | None = None,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> list[tuple[int, int]]:
     """Send each non-blank line; the partition and offset of each, in order."""
-    await check_topic(bootstrap_servers, topic)
+    await check_topic(bootstrap_servers, topic, security)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
-                                enable_idempotence=True, compression_type=compression)
+                                enable_idempotence=True, compression_type=compression,
+                                **security.client_args())
     try:
         await producer.start()
     except KafkaConnectionError:
-        raise unreachable(bootstrap_servers) from None
+        raise await refused(bootstrap_servers, security) from None
     deliveries = []
     try:
         for line in lines:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
 
+from worker.kafka.connection import PLAINTEXT, KafkaSecurity
 from worker.kafka.produce import check_topic
 from worker.kafka.records import ERR, TRUNCATED, Headers, Origin, header, value_of
 from worker.kafka.replay.reader import TopicReader
@@ -42,6 +43,7 @@ class RedriveRequest:
     send: bool = False  # --yes; the default is a dry run
     max_request_size: int = 1_048_576  # the worker's MAX_MESSAGE_BYTES
     compression: str | None = None  # the worker's COMPRESSION_TYPE (None: uncompressed)
+    security: KafkaSecurity = PLAINTEXT
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
     report = RedriveReport({}, [], [], request.send, {})
     async with contextlib.AsyncExitStack() as stack:
         producer = await stack.enter_async_context(_producer(request)) if request.send else None
-        reader = await stack.enter_async_context(TopicReader(request.bootstrap_servers))
+        reader = await stack.enter_async_context(TopicReader(request.bootstrap_servers,
+                                                                 request.security))
         spans = await reader.spans(request.dlq_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
         sent: list[asyncio.Future[object]] = []
@@ -141,11 +144,12 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
 
 @contextlib.asynccontextmanager
 async def _producer(request: RedriveRequest) -> AsyncIterator[AIOKafkaProducer]:
-    await check_topic(request.bootstrap_servers, request.input_topic)
+    await check_topic(request.bootstrap_servers, request.input_topic, request.security)
     producer = AIOKafkaProducer(bootstrap_servers=request.bootstrap_servers, acks="all",
                                 enable_idempotence=True,
                                 max_request_size=request.max_request_size,
-                                compression_type=request.compression)
+                                compression_type=request.compression,
+                                **request.security.client_args())
     await producer.start()
     try:
         yield producer

@@ -11,14 +11,15 @@ from worker.engine.errors import ContextAssemblerError
 from worker.engine.policy import Policy
 from worker.intake.policies import build_registry
 from worker.intake.recorded import registry_policies
+from worker.kafka.connection import kafka_security, start_up_problem
 from worker.kafka.observability import logs
 from worker.kafka.observability.http import HealthServer, ListenError
 from worker.kafka.observability.metrics import Metrics
 from worker.kafka.policies import Recording, publish_at_start
 from worker.kafka.records import Handler, handle
 from worker.kafka.runner import EventRunner
-from worker.kafka.settings import Settings
-from worker.kafka.topics import TopicWatch, topic_watch
+from worker.kafka.settings import Settings, SettingsError
+from worker.kafka.topics import TopicWatch, topic_watch, worker_topics
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,10 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
         registry = build_registry(settings.policy_file, settings.allowed_policies)
     except ContextAssemblerError as error:
         log.error("cannot start: ASSEMBLER_POLICY_FILE or ASSEMBLER_ALLOWED_POLICIES: %s", error)
+        return 2
+    problem = _start_up_problem(settings)
+    if problem:
+        log.error("cannot start: %s", problem)
         return 2
     metrics = Metrics()
     runner = EventRunner(settings, registry, metrics, handler)
@@ -54,6 +59,22 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
     finally:
         log.info("stopped")
     return 0
+
+
+def _start_up_problem(settings: Settings) -> str | None:
+    """Credentials, certificates or ACLs the broker refuses, checked before anything else
+    talks to it (`start_up_problem`); in a loop of its own, as `_record_policies`'."""
+    try:
+        security = kafka_security(settings)
+    except SettingsError as error:
+        return str(error)
+    topics = [spec.name for spec in worker_topics(settings, 1, 1)]
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(
+            start_up_problem(settings.bootstrap_servers, security, topics, settings.group_id))
+    finally:
+        loop.close()
 
 
 def _record_policies(settings: Settings, policies: list[Policy], metrics: Metrics) -> bool:

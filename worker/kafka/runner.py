@@ -42,6 +42,7 @@ from opentelemetry.trace import Span
 
 from worker.intake.policies import PolicyRegistry
 from worker.kafka.codecs import undecodable
+from worker.kafka.connection import acl_hint
 from worker.kafka.observability.metrics import Metrics
 from worker.kafka.observability.summary import AssemblySummary
 from worker.kafka.observability.tracing import Tracing
@@ -132,8 +133,9 @@ class Attempts:
         what = what or self._what
         runner.metrics.retries.inc()
         if persistent(error):
-            runner.stuck[self] = f"{what}: {error!r}"
-            log.error("%s failed, retrying in %.1fs: %r", what, self._delay, error)
+            runner.stuck[self] = f"{what}: {error!r}{acl_hint(_kafka_error(error))}"
+            log.error("%s failed, retrying in %.1fs: %r%s", what, self._delay, error,
+                      acl_hint(_kafka_error(error)))
         else:
             runner.stuck.pop(self, None)
             log.warning("%s failed, retrying in %.1fs: %r", what, self._delay, error)

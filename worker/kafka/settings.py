@@ -6,9 +6,16 @@ Invalid settings fail at start with one message naming each bad variable.
 from __future__ import annotations
 
 from copy import copy
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.engine.errors import ContextAssemblerError
@@ -94,6 +101,22 @@ class Settings(BaseSettings):
         "member.",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Connecting to a secured cluster (docs/secured-cluster.md): every Kafka client of the
+    # worker and of the CLI is built from these (worker.kafka.connection).
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = None
+    sasl_oauthbearer_token_file: Path | None = Field(
+        default=None, description="Read again whenever the client authenticates, so a token "
+        "rotated in place (a projected service-account token, a sidecar) is picked up.")
+    ssl_ca_file: Path | None = Field(
+        default=None, description="PEM CA bundle; default: the system's trusted CAs.")
+    ssl_cert_file: Path | None = None
+    ssl_key_file: Path | None = None
+    ssl_key_password_file: Path | None = None
+    ssl_check_hostname: bool = True
 
     @field_validator("allowed_policies", mode="before")
     @classmethod
@@ -108,10 +131,33 @@ class Settings(BaseSettings):
         check_available(value)  # fail at start, not at the first send
         return value
 
-    @field_validator("group_instance_id", mode="before")
+    @field_validator("group_instance_id", "sasl_mechanism", "sasl_username", "sasl_password",
+                     "sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
+                     "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return value.strip() or None if isinstance(value, str) else value
+
+    @field_validator("sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
+                     "ssl_cert_file", "ssl_key_file", "ssl_key_password_file")
+    @classmethod
+    def _readable_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                with path.open("rb") as stream:
+                    stream.read(1)
+            except OSError as error:
+                raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+        return path
+
+    @model_validator(mode="after")
+    def _coherent_security(self) -> Settings:
+        """Fail closed: a credential or certificate the protocol would ignore is an error,
+        not a connection quietly made without it."""
+        problems = security_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _distinct_topics(self) -> Settings:
@@ -131,9 +177,60 @@ class Settings(BaseSettings):
     def limits(self) -> Limits:
         return Limits.model_validate({name: getattr(self, name) for name in Limits.model_fields})
 
+    @property
+    def transactional_id_prefix(self) -> str:
+        """What every transactional id of the worker starts with (its ACL is PREFIXED)."""
+        return f"{self.transactional_id or self.group_id}-"
+
     def transactional_id_for(self, topic: str, partition: int) -> str:
         """The transactional id of whichever replica holds input partition `partition`."""
-        return f"{self.transactional_id or self.group_id}-{topic}-{partition}"
+        return f"{self.transactional_id_prefix}{topic}-{partition}"
+
+
+def security_problems(settings: Settings) -> list[str]:
+    """What contradicts itself in the security settings, as variable names an operator sets."""
+    protocol = settings.security_protocol
+    sasl = protocol.startswith("SASL_")
+    tls = protocol.endswith("SSL")
+    mechanism = settings.sasl_mechanism
+    problems = []
+    if sasl and mechanism is None:
+        problems.append(f"ASSEMBLER_SECURITY_PROTOCOL={protocol} needs ASSEMBLER_SASL_MECHANISM")
+    sasl_given = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password",
+                                    "sasl_password_file", "sasl_oauthbearer_token_file")
+                  if getattr(settings, name) is not None]
+    if not sasl and sasl_given:
+        problems.append(f"ASSEMBLER_{sasl_given[0].upper()} needs ASSEMBLER_SECURITY_PROTOCOL "
+                        f"SASL_SSL or SASL_PLAINTEXT (it is {protocol})")
+    tls_given = [name for name in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file",
+                                   "ssl_key_password_file")
+                 if getattr(settings, name) is not None]
+    if not settings.ssl_check_hostname:
+        tls_given.append("ssl_check_hostname")
+    if not tls and tls_given:
+        problems.append(f"ASSEMBLER_{tls_given[0].upper()} needs ASSEMBLER_SECURITY_PROTOCOL "
+                        f"SSL or SASL_SSL (it is {protocol})")
+    if (settings.ssl_cert_file is None) != (settings.ssl_key_file is None):
+        problems.append("ASSEMBLER_SSL_CERT_FILE and ASSEMBLER_SSL_KEY_FILE go together")
+    if settings.ssl_key_password_file is not None and settings.ssl_key_file is None:
+        problems.append("ASSEMBLER_SSL_KEY_PASSWORD_FILE needs ASSEMBLER_SSL_KEY_FILE")
+    if sasl and mechanism == "OAUTHBEARER":
+        if settings.sasl_oauthbearer_token_file is None:
+            problems.append("ASSEMBLER_SASL_MECHANISM=OAUTHBEARER needs "
+                            "ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE")
+        if settings.sasl_username or settings.sasl_password or settings.sasl_password_file:
+            problems.append("ASSEMBLER_SASL_MECHANISM=OAUTHBEARER takes a token file, not "
+                            "ASSEMBLER_SASL_USERNAME or a password")
+    elif sasl and mechanism is not None:
+        if not settings.sasl_username:
+            problems.append(f"ASSEMBLER_SASL_MECHANISM={mechanism} needs ASSEMBLER_SASL_USERNAME")
+        if (settings.sasl_password is None) == (settings.sasl_password_file is None):
+            problems.append(f"ASSEMBLER_SASL_MECHANISM={mechanism} needs one of "
+                            "ASSEMBLER_SASL_PASSWORD or ASSEMBLER_SASL_PASSWORD_FILE")
+        if settings.sasl_oauthbearer_token_file is not None:
+            problems.append("ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE needs "
+                            "ASSEMBLER_SASL_MECHANISM=OAUTHBEARER")
+    return problems
 
 
 def load_settings() -> Settings:

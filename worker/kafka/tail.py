@@ -99,23 +99,22 @@ async def _ends(reader: TopicReader, topic: str) -> dict[int, tuple[int, int]]:
 
 
 async def tail(
-    bootstrap_servers: str, kind: str, topic: str, count: int, follow: bool,
+    reader: TopicReader, kind: str, topic: str, count: int, follow: bool,
     write: Callable[[str], None],
 ) -> None:
     """The last `count` records of `topic`, oldest first (by timestamp); with `follow`,
     then each new one as it arrives, until cancelled."""
-    async with TopicReader(bootstrap_servers) as reader:
-        bounds = await _ends(reader, topic)
-        spans = [Span(p, max(first, end - count), end) for p, (first, end) in bounds.items()]
-        # compacted: a span may begin on a transaction marker, which is no record
-        last = [r async for r in reader.read(topic, spans, compacted=True)]
-        last.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
-        for record in last[len(last) - count:] if count else []:
+    bounds = await _ends(reader, topic)
+    spans = [Span(p, max(first, end - count), end) for p, (first, end) in bounds.items()]
+    # compacted: a span may begin on a transaction marker, which is no record
+    last = [r async for r in reader.read(topic, spans, compacted=True)]
+    last.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
+    for record in last[len(last) - count:] if count else []:
+        write(render(kind, record))
+    if follow:
+        ends = {TopicPartition(topic, p): end for p, (_, end) in bounds.items()}
+        async for record in reader.follow(ends):
             write(render(kind, record))
-        if follow:
-            ends = {TopicPartition(topic, p): end for p, (_, end) in bounds.items()}
-            async for record in reader.follow(ends):
-                write(render(kind, record))
 
 
 @dataclass

@@ -15,9 +15,16 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError, NodeNotReadyError
 
 from worker.engine.errors import ContextAssemblerError
+from worker.kafka.connection import (
+    ACLS_HINT,
+    PLAINTEXT,
+    KafkaSecurity,
+    connection_problem,
+    kafka_security,
+)
 from worker.kafka.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,17 @@ def missing_topic(topic: str) -> TopicError:
 def unreachable(servers: str) -> TopicError:
     return TopicError(f"cannot reach the Kafka broker at {servers} (bootstrap servers: "
                       "--bootstrap-servers or ASSEMBLER_BOOTSTRAP_SERVERS)")
+
+
+async def refused(servers: str, security: KafkaSecurity) -> TopicError:
+    """The error of a client that could not start: the broker's refusal of these
+    credentials or certificates when that is the cause, else `unreachable`."""
+    problem = await connection_problem(servers, security)
+    return TopicError(problem) if problem else unreachable(servers)
+
+
+def not_authorized(topic: str, operation: str) -> TopicError:
+    return TopicError(f"not authorized to {operation} topic {topic}: {ACLS_HINT}")
 
 
 @dataclass(frozen=True)
@@ -90,14 +108,16 @@ class TopicReport:
         return line + (": " + "; ".join(self.differences) if self.differences else "")
 
 
-async def create_topics(servers: str, specs: list[TopicSpec]) -> list[TopicReport]:
+async def create_topics(servers: str, specs: list[TopicSpec],
+                        security: KafkaSecurity = PLAINTEXT) -> list[TopicReport]:
     """Create what is missing; compare what exists with the spec. Raises TopicError when the
     broker cannot be reached or refuses a topic."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000,
+                                **security.client_args())
     try:
         await admin.start()
     except KafkaConnectionError:
-        raise unreachable(servers) from None
+        raise await refused(servers, security) from None
     try:
         response = await admin.create_topics(
             [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
@@ -166,15 +186,22 @@ async def _differences(
 class TopicWatch:
     """Which of the worker's topics are missing, checked every `interval` seconds, so /ready
     can say why the worker waits (faust only logs "Ignoring missing topic" at each rebalance).
-    A change is logged once: each missing topic with the command that creates it."""
+    A change is logged once: each missing topic with the command that creates it. So is a
+    broker refusing the connection once the worker runs (credentials rotated, a certificate
+    expired), which aiokafka's clients only log at each reconnect."""
 
-    def __init__(self, servers: str, topics: list[str], interval: float = 5.0) -> None:
+    def __init__(self, servers: str, topics: list[str], interval: float = 5.0,
+                 security: KafkaSecurity = PLAINTEXT) -> None:
         self._servers = servers
+        self._security = security
         self.topics = topics
         self._interval = interval
         self.missing: tuple[str, ...] = ()
+        self.refused: str | None = None  # why the broker refuses the connection, if it does
 
     def reason(self) -> str | None:
+        if self.refused:
+            return f"the broker refuses the connection: {self.refused}"
         if not self.missing:
             return None
         return f"missing topics: {', '.join(self.missing)}; create them with `{CREATE_COMMAND}`"
@@ -182,19 +209,30 @@ class TopicWatch:
     async def run(self) -> None:
         """Until cancelled. A broker that does not answer leaves the last finding as it is:
         the consumer reports that on its own."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._servers, request_timeout_ms=10_000)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._servers, request_timeout_ms=10_000,
+                                    **self._security.client_args())
         try:
             while True:
                 try:
                     await admin.start()  # no-op once started
                     described = await admin.describe_topics(self.topics)
+                except (KafkaConnectionError, NodeNotReadyError):
+                    self._refused(await connection_problem(self._servers, self._security))
                 except (KafkaError, TimeoutError):
                     pass
                 else:
+                    self._refused(None)
                     self._update(described)
                 await asyncio.sleep(self._interval)
         finally:
             await admin.close()
+
+    def _refused(self, problem: str | None) -> None:
+        if problem and problem != self.refused:
+            log.error("the broker refuses the connection: %s", problem)
+        elif self.refused and not problem:
+            log.info("the broker accepts the connection again")
+        self.refused = problem
 
     def _update(self, described: list[dict[str, Any]]) -> None:
         unknown = {t["topic"] for t in described if t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION}
@@ -209,4 +247,5 @@ class TopicWatch:
 
 def topic_watch(settings: Settings) -> TopicWatch:
     """A watch on the topics worker_topics creates."""
-    return TopicWatch(settings.bootstrap_servers, [s.name for s in worker_topics(settings, 1, 1)])
+    return TopicWatch(settings.bootstrap_servers, [s.name for s in worker_topics(settings, 1, 1)],
+                      security=kafka_security(settings))

@@ -59,6 +59,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
+from worker.kafka.connection import acl_hint, kafka_security
 from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from worker.kafka.records import Origin, Outcome, OutRecord, value_of
 from worker.kafka.runner import (
@@ -144,6 +145,7 @@ class TransactionalWorker:
     def __init__(self, settings: Settings, runner: EventRunner) -> None:
         self.settings = settings
         self.runner = runner
+        self.security = kafka_security(settings)
         self.held: dict[TopicPartition, _Partition] = {}  # producer started, position set
         self.assignment = _Assignment(self)
         runner.metrics.assigned.set_function(lambda: len(self.held))
@@ -173,6 +175,7 @@ class TransactionalWorker:
             session_timeout_ms=int(settings.session_timeout_seconds * 1000),
             heartbeat_interval_ms=int(HEARTBEAT_INTERVAL_SECONDS * 1000),
             isolation_level="read_committed",
+            **self.security.client_args(),
         )
         consumer.subscribe([settings.input_topic], listener=self.assignment)
         self.runner.watch_lag(consumer.last_stable_offset)  # read_committed reads up to it
@@ -242,6 +245,7 @@ class TransactionalWorker:
             max_batch_size=batch_bytes,
             linger_ms=PRODUCER_LINGER_MS,
             compression_type=self.settings.producer_compression,
+            **self.security.client_args(),
         )
 
     async def take(self, assigned: Iterable[TopicPartition]) -> None:
@@ -494,7 +498,10 @@ class TransactionalWorker:
             log.warning("transaction aborted, replaying %s's events with smaller records",
                         partition.tp)
             return
-        record, cause = (others or failures)[0]
+        # A refusal an ACL would lift is the cause; the sends after it in the transaction
+        # only fail with InvalidTxnState.
+        candidates = others or failures
+        record, cause = next((f for f in candidates if acl_hint(f[1])), candidates[0])
         if partition.attempts is None:
             partition.attempts = Attempts(self.runner, f"transaction of {partition.tp}")
         await partition.attempts.failed(

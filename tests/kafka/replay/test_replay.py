@@ -56,7 +56,7 @@ def published_topics(*, publish: bool = True) -> Topics:
 @pytest.fixture
 def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
     topics = published_topics()
-    monkeypatch.setattr(module, "TopicReader", lambda servers: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
     return topics
 
 
@@ -126,7 +126,7 @@ def test_a_stopped_replay_keeps_what_it_replayed(topics: Topics, tmp_path: Path)
 def test_a_failed_replay_writes_nothing(
     topics: Topics, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(module, "TopicReader", lambda servers: FakeReader(topics, fail_after=3))
+    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics, fail_after=3))
     with pytest.raises(ConnectionError):
         run(request(out=tmp_path / "p.jsonl", audit_out=tmp_path / "a.jsonl"))
     assert list(tmp_path.iterdir()) == []
@@ -144,7 +144,7 @@ def test_a_changed_policy_is_reported_as_different(topics: Topics, tmp_path: Pat
 
 def test_unpublished_inputs_are_reported_so(monkeypatch: pytest.MonkeyPatch) -> None:
     topics = published_topics(publish=False)
-    monkeypatch.setattr(module, "TopicReader", lambda servers: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
     report = run(request(compare=True))
     statuses = [c.status for c in report.comparisons]
     assert statuses == ["not published"] * 3 + ["identical"] + ["not published"] * 3
@@ -208,7 +208,7 @@ def test_replay_into_a_topic_is_one_transaction(topics: Topics, producers: list[
 def test_a_failed_replay_into_a_topic_is_aborted(
     topics: Topics, producers: list[Producer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(module, "TopicReader", lambda servers: FakeReader(topics, fail_after=2))
+    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics, fail_after=2))
     with pytest.raises(ConnectionError):
         run(request(to_topic="replayed"))
     assert producers[0].calls == ["start", "begin", "abort", "stop"]

@@ -16,7 +16,8 @@ from aiokafka.structs import ConsumerRecord
 
 from worker.engine.errors import ContextAssemblerError
 from worker.kafka.codecs import Undecodable, undecodable
-from worker.kafka.topics import unreachable
+from worker.kafka.connection import PLAINTEXT, KafkaSecurity
+from worker.kafka.topics import refused
 
 # A range ends at offsets known in advance: a fetch at a partition's end need not wait for
 # records that may come (the broker's long poll, 500 ms by default, for each read's last
@@ -85,7 +86,7 @@ def describe_range(
 
 
 class TopicReader:
-    def __init__(self, bootstrap_servers: str) -> None:
+    def __init__(self, bootstrap_servers: str, security: KafkaSecurity = PLAINTEXT) -> None:
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_servers,
             group_id=None,  # no group: nothing to join, nothing committed
@@ -93,9 +94,12 @@ class TopicReader:
             auto_offset_reset="none",
             isolation_level="read_committed",  # never an aborted transaction's records
             fetch_max_wait_ms=FETCH_WAIT_MS,
+            **security.client_args(),
         )
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers,
+                                          **security.client_args())
         self._servers = bootstrap_servers
+        self._security = security
 
     async def __aenter__(self) -> TopicReader:
         """Raises TopicError when the broker cannot be reached."""
@@ -104,7 +108,7 @@ class TopicReader:
         except KafkaConnectionError:
             await self._consumer.stop()  # never started: only marks it closed
             await self._admin.close()
-            raise unreachable(self._servers) from None
+            raise await refused(self._servers, self._security) from None
         try:
             await self._consumer.start()
         except BaseException:

@@ -27,6 +27,7 @@ from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Limits, encode
 from worker.intake.policies import PolicyRegistry
 from worker.intake.recorded import PinnedRegistry, PolicyNotRecorded, RecordedPolicies
+from worker.kafka.connection import PLAINTEXT, KafkaSecurity
 from worker.kafka.policies import read_policies
 from worker.kafka.records import (
     SOURCE_OFFSET,
@@ -74,6 +75,7 @@ class ReplayRequest:
     policies_topic: str = "assembler.policies"
     policies: RecordedPolicies | None = None
     compression: str | None = None  # --to-topic's producer: the worker's COMPRESSION_TYPE
+    security: KafkaSecurity = PLAINTEXT
 
 
 @dataclass
@@ -113,7 +115,7 @@ ContextFor = Callable[[Coordinates], HandlerContext]
 async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
     """Replay the requested range of the input topic; compare with what was published if
     asked. Outputs are kept (whole) also when `stop` ends the replay early."""
-    async with TopicReader(request.bootstrap_servers) as reader:
+    async with TopicReader(request.bootstrap_servers, request.security) as reader:
         spans = await reader.spans(request.input_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
         if not any(span.end > span.start for span in spans):
@@ -251,6 +253,7 @@ async def _transaction(request: ReplayRequest) -> AsyncIterator[AIOKafkaProducer
         transactional_id=f"context-assembler-replay-{uuid.uuid4()}",
         transaction_timeout_ms=900_000,
         compression_type=request.compression,
+        **request.security.client_args(),
     )
     await producer.start()
     try:
@@ -341,11 +344,12 @@ def _source(headers: Headers) -> tuple[str, int, int] | None:
 
 
 async def find_recorded(
-    bootstrap_servers: str, audit_topic: str, request_id: str, from_ms: int | None
+    bootstrap_servers: str, audit_topic: str, request_id: str, from_ms: int | None,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> tuple[bytes, bytes, str]:
     """The latest audit published for `request_id`, the input event it came from, and
     where that was ("topic/partition/offset")."""
-    async with TopicReader(bootstrap_servers) as reader:
+    async with TopicReader(bootstrap_servers, security) as reader:
         spans = await reader.spans(audit_topic, from_ms=from_ms)
         latest: Origin | None = None
         audit = b""

@@ -1,0 +1,92 @@
+"""`context-assembler acls`: the worker's least-privilege bindings, as the docs list them."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from worker.cli.main import main
+from worker.kafka.acls import worker_acls
+from worker.kafka.settings import Settings
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "secured-cluster.md"
+
+
+def bindings(settings: Settings) -> set[tuple[str, str, str, str]]:
+    return {b for acl in worker_acls(settings) for b in acl.bindings()}
+
+
+def test_the_bindings_are_the_documented_least_privilege_set() -> None:
+    settings = Settings(transactional_id="tx", processing_guarantee="exactly_once")
+    expected = {
+        ("TOPIC", "retrieval.results", "LITERAL", "READ"),
+        ("TOPIC", "retrieval.results", "LITERAL", "DESCRIBE"),
+        ("GROUP", "context-assembler", "LITERAL", "READ"),
+        *((("TOPIC", topic, "LITERAL", op)) for topic in (
+            "prompts.assembled", "context.audit", "retrieval.results.dlq", "assembler.policies")
+          for op in ("WRITE", "DESCRIBE")),
+        ("TRANSACTIONAL_ID", "tx-", "PREFIXED", "WRITE"),
+        ("TRANSACTIONAL_ID", "tx-", "PREFIXED", "DESCRIBE"),
+    }
+    assert bindings(settings) == expected
+    # Every transactional id the worker uses falls under the prefix granted.
+    assert settings.transactional_id_for("retrieval.results", 3).startswith("tx-")
+    # at_least_once uses no transactions, so it is granted none.
+    assert not any(b[0] == "TRANSACTIONAL_ID" for b in bindings(Settings()))
+
+
+def test_the_docs_table_lists_the_same_operations() -> None:
+    rows = re.findall(r"^\| (Topic|Group|TransactionalId) \|[^|]*\| (literal|prefixed) \| "
+                      r"([A-Z, ]+) \|", DOC.read_text(), flags=re.MULTILINE)
+    documented = {(kind.upper().replace("TRANSACTIONALID", "TRANSACTIONAL_ID"), pattern.upper(),
+                   tuple(op.strip() for op in ops.split(","))) for kind, pattern, ops in rows}
+    coded = {(acl.resource, acl.pattern, acl.operations)
+             for acl in worker_acls(Settings(processing_guarantee="exactly_once"))}
+    assert documented == coded
+
+
+def test_kafka_acls_commands_name_the_configured_topics_group_and_prefix(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ASSEMBLER_INPUT_TOPIC", "in put")  # quoted for the shell
+    monkeypatch.setenv("ASSEMBLER_PROCESSING_GUARANTEE", "exactly_once")
+    monkeypatch.setenv("ASSEMBLER_GROUP_ID", "g")
+    assert main(["acls", "--principal", "User:svc", "--bootstrap-servers", "k:9093"]) == 0
+    granted = set()
+    for line in capsys.readouterr().out.splitlines():
+        words = shlex.split(line)
+        assert words[:8] == ["kafka-acls", "--bootstrap-server", "k:9093", "--command-config",
+                             "admin.properties", "--add", "--allow-principal", "User:svc"]
+        operations = [words[i + 1] for i, w in enumerate(words) if w == "--operation"]
+        (resource,) = [(w, words[i + 1]) for i, w in enumerate(words)
+                       if w in {"--topic", "--group", "--transactional-id"}]
+        prefixed = "--resource-pattern-type" in words
+        granted |= {(resource, op, prefixed) for op in operations}
+    assert (("--topic", "in put"), "Read", False) in granted
+    assert (("--group", "g"), "Read", False) in granted
+    assert (("--transactional-id", "g-"), "Write", True) in granted
+    assert len(granted) == 13  # 11, and the transactional prefix's 2
+
+
+def test_the_strimzi_user_grants_the_same_acls(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["acls", "--principal", "User:CN=svc", "--format", "strimzi",
+                 "--strimzi-cluster", "prod"]) == 0
+    user = yaml.safe_load(capsys.readouterr().out)
+    assert user["kind"] == "KafkaUser" and user["apiVersion"] == "kafka.strimzi.io/v1beta2"
+    assert user["metadata"] == {"name": "svc", "labels": {"strimzi.io/cluster": "prod"}}
+    assert user["spec"]["authentication"] == {"type": "tls"}  # User:CN=svc: a certificate
+    granted = {(a["resource"]["type"], a["resource"]["name"], a["resource"]["patternType"], op)
+               for a in user["spec"]["authorization"]["acls"] for op in a["operations"]}
+    assert granted == {(kind.lower().replace("_", ""), name, pattern.lower(), op.title())
+                       for kind, name, pattern, op in bindings(Settings())}
+
+
+def test_a_principal_must_be_a_user(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["acls", "--principal", "svc"]) == 2
+    assert "expected User:NAME" in capsys.readouterr().err
