@@ -220,6 +220,9 @@ def test_ready_gives_first_the_reason_an_operator_must_fix() -> None:
     watch = TopicWatch("broker:9092", ["in"])
     stuck = SimpleNamespace(blocked="prompts: TopicAuthorizationFailedError")
     flowing = SimpleNamespace(blocked=None)
+    # Before the broker has described the topics once, a topic may be missing: not ready.
+    assert not_ready_reason(watch, flowing, 3) == "checking that the worker's topics exist"  # type: ignore[arg-type]
+    watch.checked = True
     assert not_ready_reason(watch, flowing, 3) is None  # type: ignore[arg-type]
     assert not_ready_reason(watch, flowing, 0).startswith("no partitions assigned")  # type: ignore[arg-type, union-attr]
     assert not_ready_reason(watch, stuck, 3) == stuck.blocked  # type: ignore[arg-type]

@@ -197,11 +197,14 @@ class TopicWatch:
         self.topics = topics
         self._interval = interval
         self.missing: tuple[str, ...] = ()
+        self.checked = False  # whether the broker has described the topics once
         self.refused: str | None = None  # why the broker refuses the connection, if it does
 
     def reason(self) -> str | None:
         if self.refused:
             return f"the broker refuses the connection: {self.refused}"
+        if not self.checked:  # not ready on a guess: a topic may be missing
+            return "checking that the worker's topics exist"
         if not self.missing:
             return None
         return f"missing topics: {', '.join(self.missing)}; create them with `{CREATE_COMMAND}`"
@@ -223,6 +226,7 @@ class TopicWatch:
                 else:
                     self._refused(None)
                     self._update(described)
+                    self.checked = True
                 await asyncio.sleep(self._interval)
         finally:
             await admin.close()
