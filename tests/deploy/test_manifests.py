@@ -821,3 +821,12 @@ def test_one_kafka_version_for_compose_and_the_tests_broker(
     # The README names the version the tests run.
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert set(re.findall(r"Kafka (\d+\.\d+\.\d+)", readme)) == {version}
+
+
+def test_the_image_tag_is_the_release_the_engine_names() -> None:
+    """The manifests deploy the version every output names (worker/engine/version.py, which
+    pyproject.toml reads too), so a release moves them together."""
+    from worker.engine.version import __version__
+
+    component = yaml.safe_load((K8S / "components" / "image" / "kustomization.yaml").read_text())
+    assert [image["newTag"] for image in component["images"]] == [__version__]

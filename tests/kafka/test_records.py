@@ -16,10 +16,8 @@ from worker.engine.policy import Policy
 from worker.intake.codec import Limits, RejectedInput, encode
 from worker.intake.policies import PolicyRegistry
 from worker.kafka.records import (
-    DEFAULT_MAX_MESSAGE_BYTES,
     ERR,
     MESSAGE_KEPT_BYTES,
-    MIN_MESSAGE_BYTES,
     ORIGINAL_BYTES,
     ORIGINAL_SHA256,
     TRUNCATED,
@@ -34,6 +32,7 @@ from worker.kafka.records import (
     record_size,
     value_of,
 )
+from worker.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
 
 CONTEXT = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(), prompts_topic="prompts",
                          audit_topic="audit", dlq_topic="dlq", worker="context-assembler")

@@ -22,7 +22,7 @@ from worker.engine import Assembly
 from worker.intake.codec import Limits, RejectedInput, encode
 from worker.intake.handle import assemble_bytes
 from worker.intake.policies import PolicyRegistry
-from worker.kafka.settings import Settings
+from worker.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES, Settings
 
 Headers = tuple[tuple[str, bytes], ...]
 # As clients hand them out: aiokafka a sequence of pairs, a null value as None; faust passes
@@ -45,11 +45,6 @@ TRUNCATED, ORIGINAL_BYTES, ORIGINAL_SHA256 = (
     "context-assembler.original.sha256",
 )
 _CUT_HEADERS = (TRUNCATED, ORIGINAL_BYTES, ORIGINAL_SHA256)  # an input's own are dropped
-# The producer's default max.request.size (the broker's max.message.bytes is 12 bytes more),
-# and the least the worker accepts: a dead letter cut to its bones (Connect's headers with a
-# capped message, no key, no value) fits in that much.
-DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
-MIN_MESSAGE_BYTES = 16_384
 MESSAGE_KEPT_BYTES = 1024  # of the exception message, when even the headers must be cut
 # A v2 record batch header (61 bytes) and a record's worst-case attributes and varints (21):
 # aiokafka's own estimate, which it compares with max_request_size.

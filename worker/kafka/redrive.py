@@ -24,6 +24,7 @@ from worker.kafka.connection import PLAINTEXT, KafkaSecurity
 from worker.kafka.produce import check_topic
 from worker.kafka.records import ERR, TRUNCATED, Headers, Origin, header, value_of
 from worker.kafka.replay.reader import TopicReader
+from worker.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 REDRIVES = "context-assembler.redrive.count"
 REASON = f"{ERR}exception.class.name"
@@ -41,7 +42,7 @@ class RedriveRequest:
     count: int | None = None
     max_redrives: int = 3
     send: bool = False  # --yes; the default is a dry run
-    max_request_size: int = 1_048_576  # the worker's MAX_MESSAGE_BYTES
+    max_request_size: int = DEFAULT_MAX_MESSAGE_BYTES  # the worker's MAX_MESSAGE_BYTES
     compression: str | None = None  # the worker's COMPRESSION_TYPE (None: uncompressed)
     security: KafkaSecurity = PLAINTEXT
 

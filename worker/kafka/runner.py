@@ -47,7 +47,6 @@ from worker.kafka.observability.metrics import Metrics
 from worker.kafka.observability.summary import AssemblySummary
 from worker.kafka.observability.tracing import Tracing
 from worker.kafka.records import (
-    MIN_MESSAGE_BYTES,
     Handler,
     HandlerContext,
     Origin,
@@ -57,13 +56,13 @@ from worker.kafka.records import (
     handle,
     record_size,
 )
-from worker.kafka.settings import Settings
+from worker.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, Settings
 
 log = logging.getLogger(__name__)
 # Producer batches, both paths: up to 1 MiB (or max_message_bytes, if less), sent 5 ms after
 # their first record at the latest. The clients' defaults (16 KB, no linger) sent almost
 # every output in a request of its own.
-PRODUCER_BATCH_BYTES = 1_048_576
+PRODUCER_BATCH_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 PRODUCER_LINGER_MS = 5
 # Events handed to the engine thread in one call, at most (`process_all`).
 ENGINE_BATCH = 64

@@ -22,6 +22,12 @@ from worker.engine.errors import ContextAssemblerError
 from worker.intake.codec import Limits
 from worker.kafka.codecs import check_available
 
+# The producer's default max.request.size (the broker's max.message.bytes is 12 bytes more),
+# and the least the worker accepts: a dead letter cut to its bones (Connect's headers with a
+# capped message, no key, no value) fits in that much.
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
+MIN_MESSAGE_BYTES = 16_384
+
 
 class SettingsError(ContextAssemblerError, ValueError):
     """Invalid ASSEMBLER_* variables, each named."""
@@ -73,7 +79,7 @@ class Settings(BaseSettings):
     max_chunk_id_chars: int = _limit("max_chunk_id_chars")
     retry_backoff_max_seconds: float = Field(default=5.0, gt=0)
     max_message_bytes: int = Field(
-        default=1_048_576, ge=16_384,
+        default=DEFAULT_MAX_MESSAGE_BYTES, ge=MIN_MESSAGE_BYTES,
         description="Largest record the worker publishes (key, value, headers and overhead), "
         "and the producers' max_request_size; at most the topics' max.message.bytes. An "
         "output over it goes to the DLQ as output_too_large; a dead letter over it is cut.",
