@@ -3,6 +3,7 @@ bug (70, its traceback only with --debug)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import io
 import json
@@ -155,3 +156,11 @@ def test_a_file_opened_with_stdout_closed_does_not_take_its_number(tmp_path: Pat
              "os.write(fd, str(fd).encode())\n")
     assert run_without("stdout", "-c", opens).returncode == 0
     assert int(out.read_text()) > 2
+
+
+def test_main_runs_outside_the_main_thread_without_taking_its_signals(tmp_path: Path) -> None:
+    """Tests and embedders call main() from a thread, where signal.signal raises."""
+    out = tmp_path / "prompts.jsonl"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(main, ["assemble", str(EVENTS), "--out", str(out)]).result() == 0
+    assert len(out.read_text().splitlines()) == len(EVENTS.read_text().splitlines())

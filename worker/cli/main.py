@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from types import FrameType
@@ -242,6 +243,8 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     stand_in_for_closed_streams()
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is not threading.main_thread():
+        return _run(args)  # called as a library (tests, embedders): signals are not ours
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return _run(args)
