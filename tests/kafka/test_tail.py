@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from aiokafka import TopicPartition
 
 from tests.kafka.replay.fakes import FakeReader, Topics, record
@@ -38,27 +37,24 @@ def published() -> Topics:
     return topics
 
 
-def tailed(monkeypatch: pytest.MonkeyPatch, topics: Topics, kind: str, topic: str,
-           count: int) -> list[str]:
+def tailed(topics: Topics, kind: str, topic: str, count: int) -> list[str]:
     lines: list[str] = []
     asyncio.run(tail(FakeReader(topics), kind, topic, count, False, lines.append))
     return lines
 
 
-def test_tail_prints_the_last_records_oldest_first_one_line_each(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_tail_prints_the_last_records_oldest_first_one_line_each() -> None:
     topics = published()
-    ids = [line.split()[0] for line in tailed(monkeypatch, topics, "prompts", "p", 2)]
+    ids = [line.split()[0] for line in tailed(topics, "prompts", "p", 2)]
     assert ids == ["q30-customer-0001", "returns-no-date-0002"]  # by time, across partitions
-    (prompt,) = tailed(monkeypatch, topics, "prompts", "p", 1)
+    (prompt,) = tailed(topics, "prompts", "p", 1)
     assert prompt.startswith("returns-no-date-0002  prompt ")
     assert " policy default  cites [" in prompt and prompt.endswith("  from in/0/1")
-    (audit,) = tailed(monkeypatch, topics, "audit", "a", 1)
+    (audit,) = tailed(topics, "audit", "a", 1)
     assert audit.startswith("returns-no-date-0002  kept ") and audit.endswith("  from in/0/1")
-    (letter,) = tailed(monkeypatch, topics, "dlq", "d", 5)
+    (letter,) = tailed(topics, "dlq", "d", 5)
     assert letter.startswith("bad-1  RejectedInput.schema: ") and letter.endswith(" from in/1/1")
-    assert tailed(monkeypatch, topics, "prompts", "p", 0) == []
+    assert tailed(topics, "prompts", "p", 0) == []
 
 
 def test_a_record_that_is_not_what_its_topic_holds_is_shown_as_such() -> None:
