@@ -38,11 +38,11 @@ test-lowest: $(BIN)/context-assembler  ## unit tests at the lowest direct versio
 	$(BIN)/uv venv -q --allow-existing -p $(PYTHON) $(LOWEST)
 	VIRTUAL_ENV=$(LOWEST) $(BIN)/uv pip install -q --resolution lowest-direct -e '.[dev]'
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m 'not kafka' --ignore=tests/integration \
-	    --deselect tests/schemas/test_generate.py \
+	    --deselect tests/contract/test_generate.py \
 	    --deselect tests/deploy/test_image.py::test_every_runtime_dependency_is_pinned_in_constraints
 
 lint: $(BIN)/context-assembler
-	$(BIN)/ruff check worker schemas tests bench
+	$(BIN)/ruff check worker tests bench
 	$(BIN)/mypy
 
 check: lint test
@@ -67,7 +67,7 @@ prometheus-rule: deploy/prometheus/alerts.yaml  ## rewrite the PrometheusRule fr
 	mv $(RULE).tmp $(RULE)
 
 schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
-	$(BIN)/python -m schemas.generate
+	$(BIN)/python -m context_assembler.contract.generate
 
 bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline, side by side
 	$(BIN)/python -m bench.engine_bench

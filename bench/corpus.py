@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Final
 
-from schemas.models import Chunk, RetrievalResult
+from context_assembler.contract.models import Chunk, RetrievalResult
 
 COPY_SHARE: Final = 0.10  # near-duplicates per event
 POOL_FACTOR: Final = 3  # warm pool: 3x the event size

@@ -53,13 +53,13 @@ import orjson
 import tiktoken
 
 from bench.corpus import COPY_SHARE, Corpus
-from schemas.models import Chunk, DropReason, RetrievalResult
-from worker.engine import Assembly, Policy, assemble, facts, words
-from worker.engine.tokens import HuggingFaceCounter, TiktokenCounter, get_counter
-from worker.engine.vocabulary import load_encoding
-from worker.intake.codec import Limits, encode
-from worker.intake.handle import assemble_bytes
-from worker.intake.policies import PolicyRegistry, load_policy
+from context_assembler.contract.models import Chunk, DropReason, RetrievalResult
+from context_assembler.engine import Assembly, Policy, assemble, facts, words
+from context_assembler.engine.tokens import HuggingFaceCounter, TiktokenCounter, get_counter
+from context_assembler.engine.vocabulary import load_encoding
+from context_assembler.intake.codec import Limits, encode
+from context_assembler.intake.handle import assemble_bytes
+from context_assembler.intake.policies import PolicyRegistry, load_policy
 
 if TYPE_CHECKING:  # imported where the tokenizer is trained: the naive contender never does
     import tokenizers
@@ -523,7 +523,7 @@ def file_mode(seed: int, events: int, runs: int) -> FileMode:
                                           "naive.jsonl")
         )
         source.write_bytes(b"".join(encode(e) + b"\n" for pair in pairs for e in pair))
-        engine_cmd = [sys.executable, "-m", "worker.cli", "assemble", str(source),
+        engine_cmd = [sys.executable, "-m", "context_assembler.cli", "assemble", str(source),
                       "--out", str(prompts), "--audit", str(audits)]
         naive_cmd = [sys.executable, "-m", "bench.engine_bench", "--naive-file", str(source),
                      "--naive-out", str(naive_out)]

@@ -66,12 +66,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from bench.corpus import Corpus
+from context_assembler import filemode
+from context_assembler.intake.codec import Limits, encode
+from context_assembler.intake.policies import build_registry
 from tests.support.broker import Broker, broker_from_env
 from tests.support.codecs import batches_of
 from tests.support.worker import Topics, WorkerProcess, read_topic
-from worker import filemode
-from worker.intake.codec import Limits, encode
-from worker.intake.policies import build_registry
 
 PARTITIONS = 6
 ALO, EOS = "at_least_once", "exactly_once"
@@ -96,10 +96,10 @@ class Contender:
 LADDER = [
     Contender("raw aiokafka", "bench.raw_passthrough", http=False),
     Contender("faust passthrough", "bench.passthrough"),
-    Contender("worker ALO", "worker.cli"),
-    Contender("worker EOS", "worker.cli", EOS),
+    Contender("worker ALO", "context_assembler.cli"),
+    Contender("worker EOS", "context_assembler.cli", EOS),
 ]
-SCALE = Contender("2 workers ALO", "worker.cli", workers=2)
+SCALE = Contender("2 workers ALO", "context_assembler.cli", workers=2)
 ONE_SECOND_COMMITS = Contender("1 s commits", "bench.interval_commits")  # beside the kills
 
 
@@ -258,7 +258,8 @@ async def codec_round(broker: Broker, guarantee: str, codec: str,
                       events: list[tuple[bytes, bytes]], logs: Path) -> CodecResult:
     """The worker publishing with ASSEMBLER_COMPRESSION_TYPE=codec through a backlog: its
     throughput and CPU, and the bytes its outputs took on the wire and on the broker."""
-    contender = Contender(f"{guarantee} {codec}", "worker.cli", guarantee, compression=codec)
+    contender = Contender(f"{guarantee} {codec}", "context_assembler.cli", guarantee,
+                          compression=codec)
     backlog = await run_backlog(broker, contender, events, logs)
     for proc in backlog.procs:
         proc.stop()
@@ -489,7 +490,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def kill_rounds(broker: Broker, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
-    cadences = [("worker", "worker.cli"), ("1 s commits", "bench.interval_commits")]
+    cadences = [("worker", "context_assembler.cli"), ("1 s commits", "bench.interval_commits")]
     duplicates: dict[str, list[float]] = {name: [] for name, _ in cadences}
     for round_ in range(args.rounds):
         for name, module in cadences if round_ % 2 == 0 else cadences[::-1]:

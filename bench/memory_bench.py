@@ -104,9 +104,9 @@ def event_bytes(texts: Texts, number: int, chunks: int, chars: int) -> bytes:
 
 def child(events: int, small_events: int) -> None:
     """Runs the stream in this process, one JSON sample per line on stdout."""
-    from worker.engine import Policy, assemble, facts, words
-    from worker.engine.tokens import get_counter
-    from worker.intake.codec import Limits, decode_event, encode
+    from context_assembler.engine import Policy, assemble, facts, words
+    from context_assembler.engine.tokens import get_counter
+    from context_assembler.intake.codec import Limits, decode_event, encode
 
     limits, policy = Limits(), Policy()
     counter = get_counter(policy.tokenizer.encoding)

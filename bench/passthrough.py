@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from worker.kafka.records import HandlerContext, Origin, Outcome, OutRecord
-from worker.kafka.run import run_worker
-from worker.kafka.settings import load_settings
+from context_assembler.kafka.records import HandlerContext, Origin, Outcome, OutRecord
+from context_assembler.kafka.run import run_worker
+from context_assembler.kafka.settings import load_settings
 
 
 def passthrough(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:

@@ -32,9 +32,9 @@ from typing import Final
 import aiohttp
 
 from bench.corpus import Corpus
-from worker.intake.codec import Limits, encode
-from worker.intake.handle import assemble_bytes
-from worker.intake.policies import build_registry
+from context_assembler.intake.codec import Limits, encode
+from context_assembler.intake.handle import assemble_bytes
+from context_assembler.intake.policies import build_registry
 
 SEED: Final = 20_260_611
 SIZES: Final = (10, 40)
@@ -118,7 +118,7 @@ async def concurrent(url: str, pairs: list[tuple[bytes, bytes]], width: int) -> 
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "serve", "--port", "0"],
+        [sys.executable, "-m", "context_assembler.cli", "serve", "--port", "0"],
         stderr=subprocess.PIPE, text=True,
     )
     assert process.stderr is not None

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schemas.models import Chunk, RetrievalResult
-from worker.engine.policy import Policy, policy_from_mapping
+from context_assembler.contract.models import Chunk, RetrievalResult
+from context_assembler.engine.policy import Policy, policy_from_mapping
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

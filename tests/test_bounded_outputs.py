@@ -11,12 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
-from schemas.models import RejectReason
-from worker import filemode
-from worker.engine.policy import policy_from_mapping
-from worker.intake.codec import MESSAGE_CHARS, Limits, RejectedInput
-from worker.intake.policies import PolicyRegistry
-from worker.kafka.records import HandlerContext, Origin, handle
+from context_assembler import filemode
+from context_assembler.contract.models import RejectReason
+from context_assembler.engine.policy import policy_from_mapping
+from context_assembler.intake.codec import MESSAGE_CHARS, Limits, RejectedInput
+from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka.records import HandlerContext, Origin, handle
 
 RATIO, SLACK = 20, 16 * 1024  # outputs <= RATIO * input + SLACK bytes
 LIMITS = Limits()

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from context_assembler import filemode
+from context_assembler.engine.policy import Policy
+from context_assembler.filemode import BOM, OutputConflict, output_file, read_lines, refuse_overlaps
+from context_assembler.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits
+from context_assembler.intake.policies import PolicyRegistry
 from tests.factories import EXAMPLES
-from worker import filemode
-from worker.engine.policy import Policy
-from worker.filemode import BOM, OutputConflict, output_file, read_lines, refuse_overlaps
-from worker.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits
-from worker.intake.policies import PolicyRegistry
 
 GOOD = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
 

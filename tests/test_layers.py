@@ -1,12 +1,13 @@
 """The package's layers, checked on the source: every import, module-level or inside a function.
 
-    schemas < worker.engine < worker.intake < {worker.filemode, worker.diagnose} < worker.kafka
-    < worker.serve < worker.cli
+    contract < engine < intake < {filemode, diagnose, observability, the package root}
+    < kafka < serve < cli
 
 A module may import from its own room or from a lower layer, never from a higher one nor from
 another room of its own layer (filemode and diagnose do not know each other). The engine is a
-pure core: it imports nothing of the project but itself and `schemas`. The Kafka worker's
-sensors (observability) import types, never the transport: of the worker only its settings.
+deterministic core: it imports nothing of the project but itself and the contract. The sensors
+(observability) import types, never the transport. No folder imports a folder that imports it
+back, and the engine's modules form no circle, not even a type-only one.
 """
 
 from __future__ import annotations
@@ -16,20 +17,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent / "worker"
 # Each room and its layer; a module belongs to the longest room its name starts with.
 ROOMS: dict[str, int] = {
-    "schemas": 0,
-    "worker.engine": 1,
-    "worker.intake": 2,
-    "worker.filemode": 3,
-    "worker.diagnose": 3,
-    "worker.kafka": 4,
-    "worker.serve": 5,  # the HTTP endpoint: the worker's metrics, no Kafka
-    "worker.cli": 6,
+    "context_assembler.contract": 0,
+    "context_assembler.engine": 1,
+    "context_assembler.intake": 2,
+    "context_assembler.filemode": 3,
+    "context_assembler.diagnose": 3,
+    "context_assembler.observability": 3,  # metrics, traces, logs: shared by kafka and serve
+    "context_assembler": 3,  # the root: the library's public API over the engine and intake
+    "context_assembler.kafka": 4,
+    "context_assembler.serve": 5,  # the HTTP endpoint: the worker's metrics, no Kafka
+    "context_assembler.cli": 6,
 }
-# The package root only re-exports the engine's version: it lives in the engine's room.
-ALIASES = {"worker": "worker.engine"}
 
 
 def _module_name(path: Path) -> str:
@@ -41,8 +42,7 @@ def _module_name(path: Path) -> str:
 
 MODULES: dict[str, Path] = {
     _module_name(path): path
-    for folder in ("worker", "schemas")
-    for path in sorted((ROOT / folder).rglob("*.py"))
+    for path in sorted((ROOT / "context_assembler").rglob("*.py"))
 }
 
 
@@ -83,7 +83,6 @@ def _imports(module: str) -> Iterator[Import]:
 def _room(module: str) -> str | None:
     """The room of a project module, None for anything else (the standard library, a
     dependency)."""
-    module = ALIASES.get(module, module)
     found = [room for room in ROOMS if module == room or module.startswith(f"{room}.")]
     return max(found, key=len) if found else None
 
@@ -98,11 +97,11 @@ def test_every_module_has_a_room() -> None:
     assert len(PROJECT_IMPORTS) > 50  # the walk sees the imports at all
 
 
-def test_the_engine_imports_nothing_of_the_project_but_itself_and_schemas() -> None:
+def test_the_engine_imports_nothing_of_the_project_but_itself_and_the_contract() -> None:
     outside = [
         str(found) for found in PROJECT_IMPORTS
-        if _room(found.importer) == "worker.engine"
-        and _room(found.target) not in ("worker.engine", "schemas")
+        if _room(found.importer) == "context_assembler.engine"
+        and _room(found.target) not in ("context_assembler.engine", "context_assembler.contract")
     ]
     assert outside == []
 
@@ -120,14 +119,72 @@ def test_no_import_runs_from_a_lower_layer_up_nor_across_one_layer() -> None:
 
 
 def test_the_workers_sensors_import_types_never_the_transport() -> None:
-    """Part (c) of the re-layout, the Kafka side's: worker.kafka.observability imports
-    nothing of worker.kafka but its settings (types from schemas, the engine, the intake)."""
-    sensors = "worker.kafka.observability"
+    """observability imports nothing of the Kafka shell: types from the contract, the engine
+    and the intake only."""
+    sensors = "context_assembler.observability"
     transport = [
         str(found) for found in PROJECT_IMPORTS
         if (found.importer == sensors or found.importer.startswith(f"{sensors}."))
-        and found.target.startswith("worker.kafka")
-        and not (found.target == sensors or found.target.startswith(f"{sensors}."))
-        and found.target != "worker.kafka.settings"
+        and found.target.startswith("context_assembler.kafka")
     ]
     assert transport == []
+
+
+def _folder(module: str) -> str:
+    return module if _is_package(module) else module.rpartition(".")[0]
+
+
+def _circles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """The strongly connected parts of a graph with more than one node (Tarjan's algorithm)."""
+    graph: dict[str, set[str]] = {}
+    for source, target in edges:
+        graph.setdefault(source, set()).add(target)
+        graph.setdefault(target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                member = stack.pop()
+                part.append(member)
+                if member == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back() -> None:
+    edges = {(_folder(found.importer), _folder(found.target)) for found in PROJECT_IMPORTS
+             if found.target in MODULES and _folder(found.importer) != _folder(found.target)}
+    assert len(edges) > 10
+    assert _circles(edges) == []
+
+
+def test_the_engines_modules_form_no_circle() -> None:
+    engine = "context_assembler.engine"
+    edges = {(found.importer, found.target) for found in PROJECT_IMPORTS
+             if found.importer.startswith(f"{engine}.") and found.target.startswith(f"{engine}.")
+             and found.importer != found.target}
+    assert len(edges) > 10
+    assert _circles(edges) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _circles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]

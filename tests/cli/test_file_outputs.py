@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler.cli.main import main
 from tests.factories import EXAMPLES
-from worker.cli.main import main
 
 EVENTS = EXAMPLES / "events.jsonl"
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_a_signal_mid_run_leaves_no_output_and_no_temporary_file(
     os.mkfifo(events)
     outputs.mkdir()
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "assemble", str(events), "--out",
+        [sys.executable, "-m", "context_assembler.cli", "assemble", str(events), "--out",
          str(outputs / "prompts.jsonl"), "--audit", str(outputs / "audit.jsonl"),
          "--errors", str(outputs / "errors.jsonl")],
         cwd=REPO, stderr=subprocess.PIPE,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler.cli.main import main
 from tests.factories import EXAMPLES, naming_policy
-from worker.cli.main import main
 
 
 def lines(path: Path) -> list[dict[str, object]]:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler.cli import kafka
+from context_assembler.cli.main import main
+from context_assembler.intake.policies import build_registry, load_preset
+from context_assembler.kafka.replay import replay
 from tests.factories import EXAMPLES
-from worker.cli import kafka
-from worker.cli.main import main
-from worker.intake.policies import build_registry, load_preset
-from worker.kafka.replay import replay
 
 
 def test_replay_refuses_one_file_for_two_outputs_before_connecting(
@@ -63,7 +63,7 @@ def test_the_file_commands_never_load_a_kafka_client(tmp_path: Path) -> None:
     events = EXAMPLES / "events.jsonl"
     script = (
         "import sys\n"
-        "from worker.cli.main import main\n"
+        "from context_assembler.cli.main import main\n"
         f"assert main(['assemble', {str(events)!r}, '--out', {os.devnull!r},"
         " '--allow-policy', 'window-8k']) == 0\n"
         f"assert main(['explain', 'q30-staff', '--events', {str(events)!r}]) == 0\n"
@@ -71,7 +71,7 @@ def test_the_file_commands_never_load_a_kafka_client(tmp_path: Path) -> None:
         f" '--png', {str(tmp_path / 's.png')!r}]) == 0\n"
         "assert main(['policy']) == 0\n"
         "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'aiokafka', 'faust', 'kafka'})\n"
-        "loaded += sorted(m for m in sys.modules if m.startswith('worker.kafka'))\n"
+        "loaded += sorted(m for m in sys.modules if m.startswith('context_assembler.kafka'))\n"
         "print(loaded)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

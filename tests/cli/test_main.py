@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler import filemode
+from context_assembler.cli import files
+from context_assembler.cli.main import main
+from context_assembler.engine import vocabulary
+from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.engine.tokens import _tiktoken_counter
 from tests.factories import EXAMPLES
-from worker import filemode
-from worker.cli import files
-from worker.cli.main import main
-from worker.engine import vocabulary
-from worker.engine.errors import ContextAssemblerError
-from worker.engine.tokens import _tiktoken_counter
 
 EVENTS = EXAMPLES / "events.jsonl"
 
@@ -128,18 +128,18 @@ def run_without(stream: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_closed_stream_the_command_needs_is_named_with_status_2(
     stream: str, args: list[str]
 ) -> None:
-    done = run_without(stream, "-m", "worker.cli", *args)
+    done = run_without(stream, "-m", "context_assembler.cli", *args)
     assert done.returncode == 2
     assert done.stderr == (f"context-assembler: {stream} is closed (the command was started "
                            "without it); open it, or name a file instead\n")
 
 
 def test_with_stderr_closed_nothing_but_outputs_reaches_stdout(tmp_path: Path) -> None:
-    refused = run_without("stderr", "-m", "worker.cli", "assemble", str(EVENTS))
+    refused = run_without("stderr", "-m", "context_assembler.cli", "assemble", str(EVENTS))
     assert (refused.returncode, refused.stdout) == (2, "")  # error records go to stderr
     events, errors = tmp_path / "events.jsonl", tmp_path / "errors.jsonl"
     events.write_text(EVENTS.read_text() + "not json\n")
-    done = run_without("stderr", "-m", "worker.cli", "assemble", str(events),
+    done = run_without("stderr", "-m", "context_assembler.cli", "assemble", str(events),
                        "--errors", str(errors))
     assert done.returncode == 1  # as with stderr open: the last line is refused
     assert [json.loads(line)["request_id"] for line in done.stdout.splitlines()] == [
@@ -150,7 +150,7 @@ def test_with_stderr_closed_nothing_but_outputs_reaches_stdout(tmp_path: Path) -
 
 def test_a_file_opened_with_stdout_closed_does_not_take_its_number(tmp_path: Path) -> None:
     out = tmp_path / "fd"
-    opens = ("import os\nfrom worker.cli.common import stand_in_for_closed_streams\n"
+    opens = ("import os\nfrom context_assembler.cli.common import stand_in_for_closed_streams\n"
              "stand_in_for_closed_streams()\n"
              f"fd = os.open({str(out)!r}, os.O_WRONLY | os.O_CREAT)\n"
              "os.write(fd, str(fd).encode())\n")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler.cli.main import main
+from context_assembler.engine.version import __version__
+from context_assembler.intake.policies import build_registry
+from context_assembler.intake.recorded import read_records
 from tests.factories import EXAMPLES, naming_policy
-from worker.cli.main import main
-from worker.engine.version import __version__
-from worker.intake.policies import build_registry
-from worker.intake.recorded import read_records
 
 
 def test_assemble_writes_the_records_the_worker_would_publish(tmp_path: Path) -> None:

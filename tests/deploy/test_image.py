@@ -28,8 +28,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from context_assembler.cli.main import main
 from tests.factories import EXAMPLES
-from worker.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
@@ -162,7 +162,7 @@ def test_the_base_image_is_pinned_by_version_and_digest(stages: list[Stage]) -> 
 def test_dependencies_are_installed_from_constraints_before_the_code(build_stage: Stage) -> None:
     copies = [(i, rest) for i, (kw, rest) in enumerate(build_stage.instructions) if kw == "COPY"]
     runs = [(i, rest) for i, (kw, rest) in enumerate(build_stage.instructions) if kw == "RUN"]
-    first_code = min(i for i, rest in copies if rest.split()[0] in {"worker", "schemas"})
+    first_code = min(i for i, rest in copies if rest.split()[0] in {"worker"})
     deps_copy = min(i for i, rest in copies if "constraints.txt" in rest.split())
     assert set(build_stage.instructions[deps_copy][1].split()[:-1]) == {
         "pyproject.toml", "constraints.txt"}, "the dependency layer depends on these two only"

@@ -29,12 +29,12 @@ import pytest
 import yaml
 
 from bench.memory_bench import LIMIT_MB
+from context_assembler.intake.policies import load_policy
+from context_assembler.kafka.settings import Settings
+from context_assembler.kafka.topics import worker_topics
+from context_assembler.observability.tracing import ENDPOINT_VARIABLE
 from tests.deploy import kustomize
 from tests.deploy.kustomize import Object
-from worker.intake.policies import load_policy
-from worker.kafka.observability.tracing import ENDPOINT_VARIABLE
-from worker.kafka.settings import Settings
-from worker.kafka.topics import worker_topics
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -174,7 +174,7 @@ def _resolve_port(port: object, container: Object) -> int:
 
 def _topics_create(args: list[str]) -> argparse.Namespace:
     """The arguments of a `context-assembler topics create` as the CLI parses them."""
-    from worker.cli.main import build_parser
+    from context_assembler.cli.main import build_parser
 
     parsed = build_parser().parse_args(args)
     assert (parsed.command, parsed.topics_command) == ("topics", "create"), args
@@ -824,9 +824,9 @@ def test_one_kafka_version_for_compose_and_the_tests_broker(
 
 
 def test_the_image_tag_is_the_release_the_engine_names() -> None:
-    """The manifests deploy the version every output names (worker/engine/version.py, which
+    """The manifests deploy the version every output names (worker/context_assembler/engine/version.py, which
     pyproject.toml reads too), so a release moves them together."""
-    from worker.engine.version import __version__
+    from context_assembler.engine.version import __version__
 
     component = yaml.safe_load((K8S / "components" / "image" / "kustomization.yaml").read_text())
     assert [image["newTag"] for image in component["images"]] == [__version__]

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.codec import Limits
+from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka.records import HandlerContext, Origin, handle
+from context_assembler.observability.metrics import Metrics
 from tests.factories import EXAMPLES
-from worker.engine.policy import Policy
-from worker.intake.codec import Limits
-from worker.intake.policies import PolicyRegistry
-from worker.kafka.observability.metrics import Metrics
-from worker.kafka.records import HandlerContext, Origin, handle
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "context-assembler.json"

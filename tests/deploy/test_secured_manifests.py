@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler.kafka.settings import Settings, security_problems
 from tests.deploy import kustomize
-from worker.kafka.settings import Settings, security_problems
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 SECRET = "context-assembler-kafka"

@@ -1,9 +1,9 @@
+from context_assembler.diagnose.compare import compare, decisions
+from context_assembler.engine import assemble
+from context_assembler.engine.version import __version__
+from context_assembler.intake.codec import encode
+from context_assembler.intake.policies import load_preset
 from tests.factories import example, policy
-from worker.diagnose.compare import compare, decisions
-from worker.engine import assemble
-from worker.engine.version import __version__
-from worker.intake.codec import encode
-from worker.intake.policies import load_preset
 
 
 def records(request_id: str, **sections: dict[str, object]) -> tuple[bytes, bytes]:

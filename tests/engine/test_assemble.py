@@ -4,20 +4,20 @@ import os
 import subprocess
 import sys
 
-from schemas.models import RetrievalResult
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.diagnose.explain import SEED_BUDGETS, sweep
+from context_assembler.engine import assemble
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.codec import encode
+from context_assembler.intake.policies import load_preset
 from tests.factories import example, example_events
-from worker.diagnose.explain import SEED_BUDGETS, sweep
-from worker.engine import assemble
-from worker.engine.policy import Policy
-from worker.intake.codec import encode
-from worker.intake.policies import load_preset
 
 ESTIMATED = load_preset("estimated")  # seed 000's rules: characters / 4
 
 
 def audit(request_id: str, policy: Policy = ESTIMATED, **budget: int) -> dict[str, object]:
     if budget:
-        from worker.engine.policy import policy_from_mapping
+        from context_assembler.engine.policy import policy_from_mapping
 
         policy = policy_from_mapping({"budget": budget}, base=policy)
     result = assemble(example(request_id), policy).audit
@@ -115,9 +115,9 @@ def test_same_event_same_bytes_even_across_processes() -> None:
     assert here == [encode(assemble(RetrievalResult.model_validate(e), Policy()).audit) for e in events]
     script = (
         "import sys, json\n"
-        "from schemas.models import RetrievalResult\n"
-        "from worker.intake.codec import encode\n"
-        "from worker.engine import assemble, Policy\n"
+        "from context_assembler.contract.models import RetrievalResult\n"
+        "from context_assembler.intake.codec import encode\n"
+        "from context_assembler.engine import assemble, Policy\n"
         "for line in open('examples/events.jsonl'):\n"
         "    e = RetrievalResult.model_validate_json(line)\n"
         "    sys.stdout.buffer.write(encode(assemble(e, Policy()).audit) + b'\\n')\n"

@@ -1,7 +1,7 @@
-from schemas.models import Message
-from worker.engine.budget import plan, recent_history, split_window
-from worker.engine.policy import BudgetPolicy
-from worker.engine.tokens import CharsPerFour
+from context_assembler.contract.models import Message
+from context_assembler.engine.budget import plan, recent_history, split_window
+from context_assembler.engine.policy import BudgetPolicy
+from context_assembler.engine.tokens import CharsPerFour
 
 
 def test_window_math_of_seed_002() -> None:

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.models import RetrievalResult
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.engine import assemble, cache
+from context_assembler.engine.cache import BoundedCache, text_key
+from context_assembler.engine.policy import Policy
+from context_assembler.engine.tokens import TiktokenCounter
+from context_assembler.engine.vocabulary import load_encoding
+from context_assembler.intake.codec import encode
 from tests.factories import example_events
-from worker.engine import assemble, cache
-from worker.engine.cache import BoundedCache, text_key
-from worker.engine.policy import Policy
-from worker.engine.tokens import TiktokenCounter
-from worker.engine.vocabulary import load_encoding
-from worker.intake.codec import encode
 
 ROOT = Path(__file__).resolve().parents[2]
 # Any code point, lone surrogates included (a JSON event may hold them).
@@ -81,7 +81,7 @@ def test_different_texts_have_different_keys(a: str, b: str) -> None:
 
 def _key_in_a_fresh_process(**env: str) -> tuple[str, str]:
     script = (
-        "from worker.engine.cache import STR_HASH_IS_KEYED, text_key\n"
+        "from context_assembler.engine.cache import STR_HASH_IS_KEYED, text_key\n"
         "print(STR_HASH_IS_KEYED, text_key('Refunds take 5 business days.'))\n"
     )
     out = subprocess.run(
@@ -105,9 +105,9 @@ def test_keys_depend_on_a_secret_of_the_process_even_when_str_hashes_are_not_ran
 def test_outputs_are_the_same_bytes_when_str_hashes_are_not_random() -> None:
     script = (
         "import sys\n"
-        "from schemas.models import RetrievalResult\n"
-        "from worker.intake.codec import encode\n"
-        "from worker.engine import assemble, Policy\n"
+        "from context_assembler.contract.models import RetrievalResult\n"
+        "from context_assembler.intake.codec import encode\n"
+        "from context_assembler.engine import assemble, Policy\n"
         "for line in open('examples/events.jsonl'):\n"
         "    a = assemble(RetrievalResult.model_validate_json(line), Policy())\n"
         "    sys.stdout.buffer.write(encode(a.prompt) + b'\\n' + encode(a.audit) + b'\\n')\n"

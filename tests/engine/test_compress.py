@@ -1,7 +1,7 @@
+from context_assembler.engine import assemble, compress
+from context_assembler.engine.compress import extract_relevant, sentences
+from context_assembler.engine.tokens import get_counter
 from tests.factories import chunk, event, policy
-from worker.engine import assemble, compress
-from worker.engine.compress import extract_relevant, sentences
-from worker.engine.tokens import get_counter
 
 LONG = ("Refunds are processed within five business days. "
         "The refund goes back to the original payment method. "

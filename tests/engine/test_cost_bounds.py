@@ -2,7 +2,7 @@
 
 Every field of an event is untrusted, so `assemble` must cost about what benign text of the
 same size costs, whatever the text holds. Events here have the shapes of the codec's limits
-(`worker.intake.codec.Limits`: 100,000-character chunks, 2,000 chunks, 4 MiB) at a fortieth of the
+(`context_assembler.intake.codec.Limits`: 100,000-character chunks, 2,000 chunks, 4 MiB) at a fortieth of the
 size: 10 chunks of 10,000 characters, or 50 chunks of 2,000. A pass quadratic in a run of
 characters (a regex that backtracks) shows as a ratio far above the bound even at this
 scale. Times are only ever compared with each other (best of 3, each run on new texts so no
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from schemas.models import RetrievalResult
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.engine import assemble, facts, words
+from context_assembler.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache, text_key
+from context_assembler.engine.policy import Policy, policy_from_mapping
+from context_assembler.engine.tokens import get_counter
+from context_assembler.intake.policies import load_preset
 from tests.factories import chunk
-from worker.engine import assemble, facts, words
-from worker.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache, text_key
-from worker.engine.policy import Policy, policy_from_mapping
-from worker.engine.tokens import get_counter
-from worker.intake.policies import load_preset
 
 MAX_RATIO = 20.0  # hostile text may cost this many times benign text of the same size
 RUNS = 3

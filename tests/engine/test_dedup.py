@@ -1,13 +1,20 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.models import Chunk, DropReason
+from context_assembler.contract.models import Chunk, DropReason
+from context_assembler.engine import assemble
+from context_assembler.engine.candidate import Candidate
+from context_assembler.engine.dedup import CopyDetector, drop_repeated_ids, prefix_length
+from context_assembler.engine.policy import DedupPolicy, Policy
+from context_assembler.engine.words import (
+    WORD,
+    chunk_words,
+    has_words,
+    jaccard,
+    signature,
+    signature_slack,
+)
 from tests.factories import chunk, event, example, policy
-from worker.engine import assemble
-from worker.engine.candidate import Candidate
-from worker.engine.dedup import CopyDetector, drop_repeated_ids, prefix_length
-from worker.engine.policy import DedupPolicy, Policy
-from worker.engine.words import WORD, chunk_words, has_words, jaccard, signature, signature_slack
 
 RETURNS = ("Return window\nYou can return an unused item within {d} days of delivery for a "
            "refund to the original payment method, with the receipt or order number.")

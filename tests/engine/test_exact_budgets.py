@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.models import Message
+from context_assembler.contract.models import Message
+from context_assembler.engine import assemble
+from context_assembler.engine.policy import Policy
+from context_assembler.engine.tokens import get_counter
+from context_assembler.intake.policies import load_preset
 from tests.factories import chunk, event
-from worker.engine import assemble
-from worker.engine.policy import Policy
-from worker.engine.tokens import get_counter
-from worker.intake.policies import load_preset
 
 CL100K = get_counter("cl100k_base")
 

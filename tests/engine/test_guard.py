@@ -1,10 +1,10 @@
 from datetime import date
 
-from schemas.models import Chunk, DropReason
+from context_assembler.contract.models import Chunk, DropReason
+from context_assembler.engine.candidate import Candidate
+from context_assembler.engine.guard import guard
+from context_assembler.engine.policy import GuardPolicy
 from tests.factories import chunk
-from worker.engine.candidate import Candidate
-from worker.engine.guard import guard
-from worker.engine.policy import GuardPolicy
 
 
 def reasons(chunks: list[Chunk], audience: str | None = None, as_of: date | None = None,

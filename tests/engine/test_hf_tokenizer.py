@@ -13,7 +13,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from schemas.models import RetrievalResult
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.engine import assemble
+from context_assembler.engine.errors import PolicyError, VocabularyUnavailable
+from context_assembler.engine.policy import Policy, policy_from_mapping
+from context_assembler.engine.tokens import (
+    HfTokenizerName,
+    HuggingFaceCounter,
+    get_counter,
+    load_tokenizer_file,
+)
+from context_assembler.intake.codec import Limits, RejectedInput, encode
+from context_assembler.intake.handle import assemble_bytes
+from context_assembler.intake.policies import PolicyRegistry
 from tests.engine import trained_tokenizer
 from tests.engine.test_properties import (
     SETTINGS,
@@ -23,18 +35,6 @@ from tests.engine.test_properties import (
     policies,
 )
 from tests.engine.test_tokens import TRICKY
-from worker.engine import assemble
-from worker.engine.errors import PolicyError, VocabularyUnavailable
-from worker.engine.policy import Policy, policy_from_mapping
-from worker.engine.tokens import (
-    HfTokenizerName,
-    HuggingFaceCounter,
-    get_counter,
-    load_tokenizer_file,
-)
-from worker.intake.codec import Limits, RejectedInput, encode
-from worker.intake.handle import assemble_bytes
-from worker.intake.policies import PolicyRegistry
 
 
 @pytest.fixture(scope="module", params=trained_tokenizer.FAMILIES)

@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from schemas.models import RetrievalResult
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.engine import Assembly, assemble
+from context_assembler.engine.policy import Policy
+from context_assembler.engine.render import neutralise
+from context_assembler.intake.codec import Limits, RejectedInput, decode_event
 from tests.factories import chunk, event, policy
-from worker.engine import Assembly, assemble
-from worker.engine.policy import Policy
-from worker.engine.render import neutralise
-from worker.intake.codec import Limits, RejectedInput, decode_event
 
 WORD = "documents"
 OPENER = re.compile(r"<\s*documents")

@@ -1,6 +1,6 @@
 import pytest
 
-from worker.engine.order import arrange, edges, first_last, round_robin
+from context_assembler.engine.order import arrange, edges, first_last, round_robin
 
 
 def test_edges_alternates_best_to_both_ends_seed_001() -> None:

@@ -1,10 +1,10 @@
-from schemas.models import Chunk
+from context_assembler.contract.models import Chunk
+from context_assembler.engine.candidate import Candidate
+from context_assembler.engine.dedup import CopyDetector
+from context_assembler.engine.pack import pack
+from context_assembler.engine.policy import CompressPolicy, DedupPolicy, SelectPolicy
+from context_assembler.engine.tokens import get_counter
 from tests.factories import chunk
-from worker.engine.candidate import Candidate
-from worker.engine.dedup import CopyDetector
-from worker.engine.pack import pack
-from worker.engine.policy import CompressPolicy, DedupPolicy, SelectPolicy
-from worker.engine.tokens import get_counter
 
 
 def run(chunks: list[Chunk], tokens: dict[str, int] | None, budget: int, *,
@@ -17,7 +17,7 @@ def run(chunks: list[Chunk], tokens: dict[str, int] | None, budget: int, *,
             return tokens[candidate.chunk.chunk_id]
         return count(text)
 
-    from worker.engine.compress import extract_relevant
+    from context_assembler.engine.compress import extract_relevant
 
     kept, dropped = pack(
         [Candidate(i, c) for i, c in enumerate(chunks, start=1)],

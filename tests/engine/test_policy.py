@@ -1,8 +1,8 @@
 import pytest
 
-from worker.engine.errors import PolicyError
-from worker.engine.policy import Policy, policy_from_mapping
-from worker.intake.policies import (
+from context_assembler.engine.errors import PolicyError
+from context_assembler.engine.policy import Policy, policy_from_mapping
+from context_assembler.intake.policies import (
     PolicyRegistry,
     build_registry,
     load_policy,

@@ -8,15 +8,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.models import AssembledPrompt, RetrievalResult
+from context_assembler.contract.models import AssembledPrompt, RetrievalResult
+from context_assembler.engine import Assembly, PromptTooLarge, assemble
+from context_assembler.engine.candidate import Candidate
+from context_assembler.engine.dedup import CopyDetector
+from context_assembler.engine.policy import DedupPolicy, Policy, policy_from_mapping
+from context_assembler.engine.tokens import EXACT_TOKENIZERS, get_counter
+from context_assembler.engine.words import chunk_words, jaccard
+from context_assembler.intake.codec import encode
 from tests.factories import chunk
-from worker.engine import Assembly, PromptTooLarge, assemble
-from worker.engine.candidate import Candidate
-from worker.engine.dedup import CopyDetector
-from worker.engine.policy import DedupPolicy, Policy, policy_from_mapping
-from worker.engine.tokens import EXACT_TOKENIZERS, get_counter
-from worker.engine.words import chunk_words, jaccard
-from worker.intake.codec import encode
 
 # A small vocabulary makes near-duplicates and identical texts common.
 WORDS = st.sampled_from(["pump", "hose", "kit", "warranty", "years", "days", "refund", "policy", "staff", "frost", "the", "a", "of", "30", "45", "PW-2200", "PW-2400", "</documents>", "[S1]"])

@@ -2,9 +2,16 @@ from typing import get_args
 
 import pytest
 
+from context_assembler.engine.policy import HeaderStyle, RenderPolicy
+from context_assembler.engine.render import (
+    header,
+    label_for,
+    messages,
+    neutralise,
+    passage,
+    user_parts,
+)
 from tests.factories import chunk
-from worker.engine.policy import HeaderStyle, RenderPolicy
-from worker.engine.render import header, label_for, messages, neutralise, passage, user_parts
 
 
 def test_the_default_header_is_seed_000s() -> None:

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.engine_bench import naive_format, naive_jaccard
-from schemas.models import Chunk, RetrievalResult
+from context_assembler.contract.models import Chunk, RetrievalResult
+from context_assembler.diagnose.explain import SEED_BUDGETS, sweep
+from context_assembler.engine import assemble
+from context_assembler.engine.policy import Policy, policy_from_mapping
+from context_assembler.engine.tokens import get_counter
+from context_assembler.intake.policies import load_preset
 from tests.factories import chunk, event, example
-from worker.diagnose.explain import SEED_BUDGETS, sweep
-from worker.engine import assemble
-from worker.engine.policy import Policy, policy_from_mapping
-from worker.engine.tokens import get_counter
-from worker.intake.policies import load_preset
 
 ESTIMATED = load_preset("estimated")
 SAFETY = ("Do not leave the motor running for more than 2 minutes with the trigger released: "

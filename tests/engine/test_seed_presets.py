@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from context_assembler.engine import assemble
+from context_assembler.intake.policies import load_preset
 from tests.engine.test_dedup import SEED_002_EXAMPLE_2, SEED_004_ROWS
 from tests.factories import chunk, event
-from worker.engine import assemble
-from worker.intake.policies import load_preset
 
 
 def test_seed_002_example_2_under_window_8k() -> None:

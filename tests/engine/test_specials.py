@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine.specials import SpecialTokens
+from context_assembler.engine.specials import SpecialTokens
 
 TOKENS = ["<|im_start|>", "<|im_end|>", "<s>", "</s>", "s>", "[INST]", "<unused12>", "x"]
 SPECIALS = SpecialTokens(TOKENS)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.models import RetrievalResult
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.engine import assemble, render
+from context_assembler.engine.compress import extract_relevant
+from context_assembler.engine.policy import Policy
+from context_assembler.engine.tokens import get_counter
 from tests.engine.test_properties import SETTINGS, assemble_unless_too_large, events, policies
 from tests.factories import chunk, event, policy
-from worker.engine import assemble, render
-from worker.engine.compress import extract_relevant
-from worker.engine.policy import Policy
-from worker.engine.tokens import get_counter
 
 
 def check_every_figure(event: RetrievalResult, policy: Policy) -> None:

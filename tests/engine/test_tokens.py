@@ -5,16 +5,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine import vocabulary
-from worker.engine.cache import BoundedCache
-from worker.engine.errors import VocabularyUnavailable
-from worker.engine.tokens import (
+from context_assembler.engine import vocabulary
+from context_assembler.engine.cache import BoundedCache
+from context_assembler.engine.errors import VocabularyUnavailable
+from context_assembler.engine.tokens import (
     CharsPerFour,
     TiktokenCounter,
     WordsTimesOnePointThree,
     get_counter,
 )
-from worker.engine.vocabulary import ensure_vocabulary, load_encoding
+from context_assembler.engine.vocabulary import ensure_vocabulary, load_encoding
 
 
 def test_chars_per_four_rounds_up_like_seed_000() -> None:

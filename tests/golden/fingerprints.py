@@ -7,7 +7,7 @@ a sha256 per preset of the outputs (prompt and audit, the version itself left ou
 preset gives the golden events; `test_golden.py` fails when today's outputs differ from the
 ones recorded for today's version.
 
-After a change that alters decisions, raise `worker/engine/version.py` and record the new
+After a change that alters decisions, raise `worker/context_assembler/engine/version.py` and record the new
 version with `python -m tests.golden.fingerprints`; it refuses to change what an already
 recorded version gives.
 """
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import orjson
 
-from schemas.models import RetrievalResult
-from worker.engine import assemble
-from worker.engine.errors import ContextAssemblerError
-from worker.engine.version import __version__
-from worker.intake.policies import load_preset, preset_names
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.engine import assemble
+from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.engine.version import __version__
+from context_assembler.intake.policies import load_preset, preset_names
 
 HERE = Path(__file__).parent
 RECORDED = HERE / "fingerprints.json"
@@ -69,7 +69,7 @@ def main() -> int:
     known, today = recorded(), fingerprints()
     if known.get(__version__, today) != today:
         print(f"engine {__version__} is recorded with other outputs: raise "
-              "worker/engine/version.py first", file=sys.stderr)
+              "worker/context_assembler/engine/version.py first", file=sys.stderr)
         return 1
     known[__version__] = today
     RECORDED.write_text(json.dumps(known, indent=2) + "\n", "utf-8")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from context_assembler.engine.version import __version__
 from tests.golden.fingerprints import fingerprints, recorded
-from worker.engine.version import __version__
 
 
 def test_the_golden_outputs_are_those_recorded_for_this_engine_version() -> None:
@@ -15,6 +15,6 @@ def test_the_golden_outputs_are_those_recorded_for_this_engine_version() -> None
                if known[__version__].get(preset) != digest}
     assert not changed, (
         f"the outputs of {sorted(changed)} are not those engine {__version__} gave: a change "
-        "of decisions raises worker/engine/version.py, then python -m tests.golden.fingerprints "
+        "of decisions raises worker/context_assembler/engine/version.py, then python -m tests.golden.fingerprints "
         "records the new version")
 

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from schemas import models
-from schemas.models import RejectReason, RetrievalResult
-from worker.engine import Policy, assemble
-from worker.engine.errors import ContextAssemblerError
-from worker.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
+from context_assembler.contract import models
+from context_assembler.contract.models import RejectReason, RetrievalResult
+from context_assembler.engine import Policy, assemble
+from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
 
 
 def reject(raw: bytes | Excerpt, limits: Limits | None = None) -> RejectedInput:

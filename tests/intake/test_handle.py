@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from schemas.models import RejectReason, RetrievalResult
+from context_assembler.contract.models import RejectReason, RetrievalResult
+from context_assembler.engine import Policy, assemble, policy_from_mapping
+from context_assembler.intake import handle
+from context_assembler.intake.codec import Limits, RejectedInput, encode
+from context_assembler.intake.handle import assemble_bytes, resolve_policy
+from context_assembler.intake.policies import PolicyRegistry, load_preset
 from tests.factories import EXAMPLES
-from worker.engine import Policy, assemble, policy_from_mapping
-from worker.intake import handle
-from worker.intake.codec import Limits, RejectedInput, encode
-from worker.intake.handle import assemble_bytes, resolve_policy
-from worker.intake.policies import PolicyRegistry, load_preset
 
 GOOD = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
 FIRST = json.loads(GOOD[0])

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from context_assembler.cli.main import main
+from context_assembler.engine.errors import PolicyError
+from context_assembler.engine.operator_files import OperatorFileError, read_operator_file
+from context_assembler.engine.policy import LARGEST_COUNT, policy_from_mapping
+from context_assembler.intake.policies import build_registry, load_policy
 from tests.engine import trained_tokenizer
 from tests.factories import EXAMPLES
-from worker.cli.main import main
-from worker.engine.errors import PolicyError
-from worker.engine.operator_files import OperatorFileError, read_operator_file
-from worker.engine.policy import LARGEST_COUNT, policy_from_mapping
-from worker.intake.policies import build_registry, load_policy
 
 EVENTS = EXAMPLES / "events.jsonl"
 
@@ -197,9 +197,9 @@ def test_a_tokenizer_without_an_unknown_token_is_refused_at_load(
 
 def test_the_worker_refuses_to_start_under_such_a_tokenizer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from worker.kafka import run
-    from worker.kafka.observability import logs
-    from worker.kafka.settings import Settings
+    from context_assembler.kafka import run
+    from context_assembler.kafka.settings import Settings
+    from context_assembler.observability import logs
 
     monkeypatch.setattr(logs, "configure", lambda level: None)  # keep pytest's log capture
     monkeypatch.setattr(run, "EventRunner", None)  # joining would call it: it must not be reached

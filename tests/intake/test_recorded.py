@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine.policy import SEPARATOR_MARKS, Policy, policy_from_mapping
-from worker.intake.policies import PolicyRegistry, load_preset
-from worker.intake.recorded import (
+from context_assembler.engine.policy import SEPARATOR_MARKS, Policy, policy_from_mapping
+from context_assembler.intake.policies import PolicyRegistry, load_preset
+from context_assembler.intake.recorded import (
     PinnedRegistry,
     PolicyNotRecorded,
     RecordedPolicies,

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from schemas.models import RetrievalResult
+from context_assembler.cli.main import main
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.engine import assemble
+from context_assembler.engine.errors import ContextAssemblerError, PolicyError
+from context_assembler.intake.policies import build_registry, load_policy
 from tests.engine import trained_tokenizer
 from tests.factories import EXAMPLES, example_events
-from worker.cli.main import main
-from worker.engine import assemble
-from worker.engine.errors import ContextAssemblerError, PolicyError
-from worker.intake.policies import build_registry, load_policy
 
 HF_POLICY = """name = "our-model"
 [tokenizer]
@@ -119,9 +119,9 @@ def test_the_cli_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_the_worker_exits_before_joining(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          caplog: pytest.LogCaptureFixture) -> None:
-    from worker.kafka import run
-    from worker.kafka.observability import logs
-    from worker.kafka.settings import Settings
+    from context_assembler.kafka import run
+    from context_assembler.kafka.settings import Settings
+    from context_assembler.observability import logs
 
     monkeypatch.setattr(logs, "configure", lambda level: None)  # keep pytest's log capture
     monkeypatch.setattr(run, "EventRunner", None)  # joining would call it: it must not be reached

@@ -73,7 +73,7 @@ async def test_librdkafka_input_in_every_codec_is_answered_and_read_back_byte_eq
     # Our own reading commands: replay reads the input, the outputs and the policies topic.
     allowed = [arg for name in ALLOWED_POLICIES for arg in ("--allow-policy", name)]
     replay = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "worker.cli", "replay", "--bootstrap-servers",
+        subprocess.run, [sys.executable, "-m", "context_assembler.cli", "replay", "--bootstrap-servers",
                          broker.bootstrap_servers, "--input-topic", topics.input,
                          "--prompts-topic", topics.prompts, "--audit-topic", topics.audit,
                          "--policies-topic", topics.policies, "--policy", "recorded",

@@ -18,10 +18,10 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from context_assembler.kafka.settings import Settings
+from context_assembler.kafka.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
 from tests.support.broker import Broker
 from tests.support.worker import Topics, WorkerProcess
-from worker.kafka.settings import Settings
-from worker.kafka.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def cli(broker: Broker, topics: Topics, *args: str) -> subprocess.CompletedProce
            "ASSEMBLER_INPUT_TOPIC": topics.input, "ASSEMBLER_PROMPTS_TOPIC": topics.prompts,
            "ASSEMBLER_AUDIT_TOPIC": topics.audit, "ASSEMBLER_DLQ_TOPIC": topics.dlq,
            "ASSEMBLER_POLICIES_TOPIC": topics.policies}
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "context_assembler.cli", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -135,7 +135,7 @@ def test_a_worker_without_its_topics_says_why_it_is_not_ready(
     assert b"\x1b" not in output
     entries = [json.loads(line) for line in output.splitlines()]  # every line is JSON
     about_input = [e for e in entries
-                   if e["logger"] == "worker.kafka.topics" and e.get("topic") == topics.input]
+                   if e["logger"] == "context_assembler.kafka.topics" and e.get("topic") == topics.input]
     assert [e["message"] for e in about_input] == [
         f"topic {topics.input} does not exist; {CREATE}"]
     assert faust_dirs(temp) == []
@@ -182,7 +182,7 @@ def test_the_readme_quick_start_works_word_for_word(tmp_path: Path) -> None:
     assert sorted(line.split()[0] for line in tailed) == sorted(EXAMPLE_IDS)
 
     logged = [json.loads(line) for line in lines if line.startswith('{"time"')]
-    (summary,) = [e for e in logged if e["logger"] == "worker.kafka.observability.summary"]
+    (summary,) = [e for e in logged if e["logger"] == "context_assembler.observability.summary"]
     assert summary["message"].startswith("assembled 8 events: 8 prompts (")
     assert (summary["prompts"], summary["dead_letters"]) == (8, {})
     assert logged[0]["message"].startswith("starting on 127.0.0.1:")

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler.cli.main import main
+from context_assembler.engine.version import __version__
+from context_assembler.intake.policies import build_registry
 from tests.support.broker import Broker
 from tests.support.worker import (
     ALLOWED_POLICIES,
@@ -21,9 +24,6 @@ from tests.support.worker import (
     produce,
     read_topic,
 )
-from worker.cli.main import main
-from worker.engine.version import __version__
-from worker.intake.policies import build_registry
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 TIGHT = 'name = "tight"\n[budget]\ncontext_tokens = 300\n'

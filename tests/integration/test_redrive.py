@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from context_assembler.cli.main import main
+from context_assembler.kafka.records import header
+from context_assembler.kafka.redrive import REDRIVES
 from tests.factories import naming_policy
 from tests.support.broker import Broker
 from tests.support.worker import (
@@ -21,9 +24,6 @@ from tests.support.worker import (
     produce,
     read_topic,
 )
-from worker.cli.main import main
-from worker.kafka.records import header
-from worker.kafka.redrive import REDRIVES
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 BAD = b'{"request_id": "bad-1", "chunks": 3}'

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from context_assembler.cli.main import main
 from tests.support.broker import Broker
 from tests.support.worker import (
     ALLOWED_POLICIES,
@@ -22,7 +23,6 @@ from tests.support.worker import (
     produce,
     read_topic,
 )
-from worker.cli.main import main
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 

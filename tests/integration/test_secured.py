@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler.kafka.acls import Acl, worker_acls
+from context_assembler.kafka.settings import Settings
 from tests.support.secured_broker import ASSEMBLER, MTLS_CN, SecuredBroker, unsigned_token
 from tests.support.worker import (
     Topics,
@@ -23,8 +25,6 @@ from tests.support.worker import (
     read_topic,
     wait_for,
 )
-from worker.kafka.acls import Acl, worker_acls
-from worker.kafka.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 SCRAM_PRINCIPAL = f"User:{ASSEMBLER}"
@@ -199,7 +199,7 @@ def test_the_cli_reads_the_same_settings(secured: SecuredBroker, tmp_path: Path)
             "ASSEMBLER_POLICIES_TOPIC": topics.policies}
     as_admin = {**scram_env(secured, tmp_path), **base, "ASSEMBLER_SASL_USERNAME": "admin",
                 "ASSEMBLER_SASL_PASSWORD_FILE": str(admin_password)}
-    created = subprocess.run([sys.executable, "-m", "worker.cli", "topics", "create",
+    created = subprocess.run([sys.executable, "-m", "context_assembler.cli", "topics", "create",
                               "--partitions", "1"], env={**os.environ, **as_admin}, capture_output=True, text=True,
                              check=False, timeout=120)
     assert created.returncode == 0, created.stderr
@@ -210,13 +210,13 @@ def test_the_cli_reads_the_same_settings(secured: SecuredBroker, tmp_path: Path)
         (["replay", "--count", "3"], "", "replayed 3 events (0 rejected)"),
         (["redrive", "--dry-run"], "", f"would re-drive 0 dead letters to {topics.input}"),
     ]:
-        ran = subprocess.run([sys.executable, "-m", "worker.cli", *command],
+        ran = subprocess.run([sys.executable, "-m", "context_assembler.cli", *command],
                              env={**os.environ, **as_admin}, input=stdin, capture_output=True,
                              text=True, check=False, timeout=120)
         assert ran.returncode == 0, (command, ran.stderr)
         assert expected in ran.stdout + ran.stderr, (command, ran.stdout, ran.stderr)
     wrong = {**as_admin, "ASSEMBLER_SASL_PASSWORD": "nope", "ASSEMBLER_SASL_PASSWORD_FILE": ""}
-    refused = subprocess.run([sys.executable, "-m", "worker.cli", "produce", "-"], env={**os.environ, **wrong},
+    refused = subprocess.run([sys.executable, "-m", "context_assembler.cli", "produce", "-"], env={**os.environ, **wrong},
                              input="{}\n", capture_output=True, text=True, check=False,
                              timeout=120)
     assert refused.returncode == 2

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from worker.cli.main import main
-from worker.kafka.acls import worker_acls
-from worker.kafka.settings import Settings
+from context_assembler.cli.main import main
+from context_assembler.kafka.acls import worker_acls
+from context_assembler.kafka.settings import Settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "secured-cluster.md"
 

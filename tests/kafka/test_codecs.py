@@ -16,17 +16,17 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka import transactional
+from context_assembler.kafka.codecs import Undecodable
+from context_assembler.kafka.faust_app import _ConsumerThread
+from context_assembler.kafka.reader import Span, TopicReader
+from context_assembler.kafka.runner import EventRunner
+from context_assembler.kafka.settings import Settings, SettingsError, load_settings
+from context_assembler.observability.metrics import Metrics
 from tests.kafka.test_records import GOOD
 from tests.kafka.test_transactional import Rig, records
-from worker.engine.policy import Policy
-from worker.intake.policies import PolicyRegistry
-from worker.kafka import transactional
-from worker.kafka.codecs import Undecodable
-from worker.kafka.faust_app import _ConsumerThread
-from worker.kafka.observability.metrics import Metrics
-from worker.kafka.replay.reader import Span, TopicReader
-from worker.kafka.runner import EventRunner
-from worker.kafka.settings import Settings, SettingsError, load_settings
 
 TP0 = TopicPartition("in", 0)
 SNAPPY = 2  # the batch header's codec id

@@ -10,9 +10,9 @@ from pathlib import Path
 import faust
 import pytest
 
+from context_assembler.kafka.connection import TokenFile, kafka_security
+from context_assembler.kafka.settings import Settings, SettingsError, load_settings
 from tests.support.secured_broker import Certificates
-from worker.kafka.connection import TokenFile, kafka_security
-from worker.kafka.settings import Settings, SettingsError, load_settings
 
 PASSWORD = "s3cret-Pa55"
 

@@ -13,19 +13,19 @@ from faust.assignor.copartitioned_assignor import CopartitionedAssignor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.kafka.test_records import STAMPS
-from worker.engine.policy import Policy
-from worker.intake.policies import PolicyRegistry
-from worker.kafka.faust_app import (
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka.faust_app import (
     COMMIT_GAP_SECONDS,
     _commit_delivered,
     _next_batch,
     build_app,
     seconds,
 )
-from worker.kafka.observability.metrics import Metrics
-from worker.kafka.runner import ENGINE_BATCH, EventRunner
-from worker.kafka.settings import Settings
+from context_assembler.kafka.runner import ENGINE_BATCH, EventRunner
+from context_assembler.kafka.settings import Settings
+from context_assembler.observability.metrics import Metrics
+from tests.kafka.test_records import STAMPS
 
 
 def faust_send_ms(timestamp: float | None) -> float | None:

@@ -12,15 +12,15 @@ from collections.abc import Sequence
 
 import pytest
 
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.policies import load_preset
+from context_assembler.intake.recorded import record_bytes
+from context_assembler.kafka import policies as module
+from context_assembler.kafka.connection import KafkaSecurity
+from context_assembler.kafka.policies import publish_at_start, read_policies
+from context_assembler.kafka.settings import Settings
+from context_assembler.kafka.topics import missing_topic
 from tests.kafka.replay.fakes import FakeReader, Topics
-from worker.engine.policy import Policy
-from worker.intake.policies import load_preset
-from worker.intake.recorded import record_bytes
-from worker.kafka import policies as module
-from worker.kafka.connection import KafkaSecurity
-from worker.kafka.policies import publish_at_start, read_policies
-from worker.kafka.settings import Settings
-from worker.kafka.topics import missing_topic
 
 SETTINGS = Settings(policies_topic="pol", retry_backoff_max_seconds=0.05)
 POLICIES = [Policy(), load_preset("window-8k")]

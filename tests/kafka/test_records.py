@@ -9,13 +9,12 @@ import orjson
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from schemas.models import RejectReason, RetrievalResult
-from tests.factories import EXAMPLES
-from worker.engine import assemble
-from worker.engine.policy import Policy
-from worker.intake.codec import Limits, RejectedInput, encode
-from worker.intake.policies import PolicyRegistry
-from worker.kafka.records import (
+from context_assembler.contract.models import RejectReason, RetrievalResult
+from context_assembler.engine import assemble
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.codec import Limits, RejectedInput, encode
+from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka.records import (
     ERR,
     MESSAGE_KEPT_BYTES,
     ORIGINAL_BYTES,
@@ -32,7 +31,8 @@ from worker.kafka.records import (
     record_size,
     value_of,
 )
-from worker.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
+from context_assembler.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
+from tests.factories import EXAMPLES
 
 CONTEXT = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(), prompts_topic="prompts",
                          audit_topic="audit", dlq_topic="dlq", worker="context-assembler")
@@ -83,14 +83,14 @@ def test_an_unknown_policy_is_a_transformation_error() -> None:
 
 
 def test_the_dead_letter_headers_are_the_ones_the_asyncapi_file_lists() -> None:
-    from schemas.generate import DEAD_LETTER_HEADERS
+    from context_assembler.contract.generate import DEAD_LETTER_HEADERS
 
     (letter,) = run(b"{bad").records
     assert [k.removeprefix(ERR) for k, _ in letter.headers if k.startswith(ERR)] == DEAD_LETTER_HEADERS
 
 
 def test_the_output_headers_are_the_ones_the_asyncapi_file_lists() -> None:
-    from schemas.generate import asyncapi
+    from context_assembler.contract.generate import asyncapi
 
     messages = asyncapi()["components"]["messages"]
     for traced in (False, True):
@@ -214,7 +214,7 @@ def test_limits_learned_for_a_topic_apply_to_its_records_only() -> None:
 
 
 def test_the_smallest_max_message_bytes_setting_still_fits_a_dead_letter() -> None:
-    from worker.kafka.settings import Settings
+    from context_assembler.kafka.settings import Settings
 
     assert Settings.model_fields["max_message_bytes"].metadata[0].ge == MIN_MESSAGE_BYTES
     assert Settings().max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES
@@ -292,7 +292,7 @@ def test_a_null_header_value_is_dead_lettered_not_a_crash() -> None:
 
 
 def test_the_worker_builds_its_handler_context_from_its_settings_in_one_place() -> None:
-    from worker.kafka.settings import Settings
+    from context_assembler.kafka.settings import Settings
 
     settings = Settings(prompts_topic="p", audit_topic="a", dlq_topic="d", group_id="g",
                         max_chunks=7, max_message_bytes=500_000)

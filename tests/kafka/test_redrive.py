@@ -11,15 +11,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from schemas.models import RejectReason
-from tests.factories import naming_policy
-from tests.kafka.replay.fakes import FakeReader, Topics
-from tests.support.worker import events
-from worker.intake.codec import RejectedInput
-from worker.intake.policies import build_registry
-from worker.kafka import redrive as module
-from worker.kafka.connection import KafkaSecurity
-from worker.kafka.records import (
+from context_assembler.contract.models import RejectReason
+from context_assembler.intake.codec import RejectedInput
+from context_assembler.intake.policies import build_registry
+from context_assembler.kafka import redrive as module
+from context_assembler.kafka.connection import KafkaSecurity
+from context_assembler.kafka.records import (
     ERR,
     TRUNCATED,
     HandlerContext,
@@ -29,8 +26,11 @@ from worker.kafka.records import (
     handle,
     header,
 )
-from worker.kafka.redrive import REDRIVES, RedriveRequest, letter_of, redrive
-from worker.kafka.settings import Settings
+from context_assembler.kafka.redrive import REDRIVES, RedriveRequest, letter_of, redrive
+from context_assembler.kafka.settings import Settings
+from tests.factories import naming_policy
+from tests.kafka.replay.fakes import FakeReader, Topics
+from tests.support.worker import events
 
 WORKER = HandlerContext.for_worker(
     Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),

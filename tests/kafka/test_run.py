@@ -14,7 +14,7 @@ from pathlib import Path
 def worker(**settings: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ASSEMBLER_BOOTSTRAP_SERVERS": "127.0.0.1:9",  # never contacted
            **{f"ASSEMBLER_{name.upper()}": value for name, value in settings.items()}}
-    return subprocess.run([sys.executable, "-m", "worker.cli", "worker"], env=env,
+    return subprocess.run([sys.executable, "-m", "context_assembler.cli", "worker"], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -59,7 +59,7 @@ def test_a_port_in_use_stops_the_worker_naming_the_setting() -> None:
 def test_a_broker_that_does_not_answer_is_one_line_naming_the_setting() -> None:
     """Not the client's own ERROR every 1-5 s besides: one line, until SIGTERM stops it."""
     env = {**os.environ, "ASSEMBLER_BOOTSTRAP_SERVERS": "127.0.0.1:9", "ASSEMBLER_HTTP_PORT": "0"}
-    process = subprocess.Popen([sys.executable, "-m", "worker.cli", "worker"], env=env,
+    process = subprocess.Popen([sys.executable, "-m", "context_assembler.cli", "worker"], env=env,
                                stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     try:
@@ -71,7 +71,7 @@ def test_a_broker_that_does_not_answer_is_one_line_naming_the_setting() -> None:
     assert process.returncode == 0
     entries = [json.loads(line) for line in [*lines, *rest.splitlines()]]
     assert [(e["level"], e["logger"]) for e in entries] == [
-        ("INFO", "worker.kafka.run"), ("ERROR", "worker.kafka.policies"), ("INFO", "worker.kafka.run")]
+        ("INFO", "context_assembler.kafka.run"), ("ERROR", "context_assembler.kafka.policies"), ("INFO", "context_assembler.kafka.run")]
     assert entries[0]["message"].startswith("starting on 127.0.0.1:9: ")
     assert "cannot reach the Kafka broker at 127.0.0.1:9" in entries[1]["message"]
     assert "ASSEMBLER_BOOTSTRAP_SERVERS" in entries[1]["message"]

@@ -18,12 +18,10 @@ from aiokafka.errors import (
 )
 from faust.exceptions import ProducerSendError
 
-from tests.kafka.test_records import GOOD, origin
-from worker.engine.policy import Policy
-from worker.intake.policies import PolicyRegistry
-from worker.kafka import runner as runner_module
-from worker.kafka.observability.metrics import Metrics
-from worker.kafka.records import (
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka import runner as runner_module
+from context_assembler.kafka.records import (
     ERR,
     HandlerContext,
     Origin,
@@ -32,7 +30,7 @@ from worker.kafka.records import (
     handle,
     record_size,
 )
-from worker.kafka.runner import (
+from context_assembler.kafka.runner import (
     GC_THRESHOLDS,
     EventRunner,
     Stopped,
@@ -40,7 +38,9 @@ from worker.kafka.runner import (
     persistent,
     too_large,
 )
-from worker.kafka.settings import Settings
+from context_assembler.kafka.settings import Settings
+from context_assembler.observability.metrics import Metrics
+from tests.kafka.test_records import GOOD, origin
 
 
 def wrapped(error: Exception) -> ProducerSendError:

@@ -1,8 +1,8 @@
 import pytest
 
-from worker.engine.errors import ContextAssemblerError
-from worker.intake.codec import Limits
-from worker.kafka.settings import Settings, SettingsError, load_settings
+from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.intake.codec import Limits
+from context_assembler.kafka.settings import Settings, SettingsError, load_settings
 
 
 def test_settings_come_from_assembler_variables(monkeypatch: pytest.MonkeyPatch) -> None:

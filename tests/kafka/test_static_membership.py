@@ -10,14 +10,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
-from worker.engine.policy import Policy
-from worker.intake.policies import PolicyRegistry
-from worker.kafka import transactional
-from worker.kafka.faust_app import _ConsumerThread, build_app
-from worker.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
-from worker.kafka.observability.metrics import Metrics
-from worker.kafka.runner import EventRunner
-from worker.kafka.settings import Settings
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka import transactional
+from context_assembler.kafka.faust_app import _ConsumerThread, build_app
+from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
+from context_assembler.kafka.runner import EventRunner
+from context_assembler.kafka.settings import Settings
+from context_assembler.observability.metrics import Metrics
 
 
 def settings(**values: Any) -> Settings:

@@ -7,14 +7,14 @@ import asyncio
 
 from aiokafka import TopicPartition
 
+from context_assembler.intake.policies import build_registry
+from context_assembler.kafka import tail as module
+from context_assembler.kafka.produce import key_of
+from context_assembler.kafka.records import HandlerContext, Origin, handle
+from context_assembler.kafka.settings import Settings
+from context_assembler.kafka.tail import answered_input, render, tail, wait_for_answers
 from tests.kafka.replay.fakes import FakeReader, Topics, record
 from tests.support.worker import events
-from worker.intake.policies import build_registry
-from worker.kafka import tail as module
-from worker.kafka.produce import key_of
-from worker.kafka.records import HandlerContext, Origin, handle
-from worker.kafka.settings import Settings
-from worker.kafka.tail import answered_input, render, tail, wait_for_answers
 
 T = 1_764_547_200_000
 WORKER = HandlerContext.for_worker(

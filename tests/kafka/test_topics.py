@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from worker.cli.main import main
-from worker.kafka import topics
-from worker.kafka.observability.http import HealthServer
-from worker.kafka.settings import Settings
-from worker.kafka.topics import TopicReport, TopicWatch, topic_watch, worker_topics
+from context_assembler.cli.main import main
+from context_assembler.kafka import topics
+from context_assembler.kafka.settings import Settings
+from context_assembler.kafka.topics import TopicReport, TopicWatch, topic_watch, worker_topics
+from context_assembler.observability.http import HealthServer
 
 CLOSED_PORT = "127.0.0.1:9"  # discard: nothing listens there
 
@@ -53,8 +53,8 @@ def test_fewer_than_three_replicas_keep_the_brokers_min_insync_replicas(
 
 def test_the_asyncapi_file_describes_the_topics_topics_create_makes() -> None:
     """Its Kafka bindings state the defaults of the settings and of `topics create`."""
-    from schemas.generate import asyncapi
-    from worker.cli.main import build_parser
+    from context_assembler.cli.main import build_parser
+    from context_assembler.contract.generate import asyncapi
 
     document = asyncapi()
     defaults = build_parser().parse_args(["topics", "create"])
@@ -123,7 +123,7 @@ async def test_a_missing_topic_is_logged_once_and_is_the_ready_reason(
     watch = TopicWatch("broker:9092", ["in", "out"], interval=0.01)
     server = HealthServer(lambda: b"", lambda: not watch.missing, "127.0.0.1", 0, watch.reason)
     await server.start()
-    caplog.set_level(logging.INFO, logger="worker.kafka.topics")
+    caplog.set_level(logging.INFO, logger="context_assembler.kafka.topics")
     watching = asyncio.create_task(watch.run())
     try:
         await until(lambda: watch.missing == ("in",))
@@ -165,7 +165,7 @@ async def test_a_refused_connection_at_run_time_is_logged_once_and_is_the_ready_
     monkeypatch.setattr(topics, "connection_problem", diagnose)
     monkeypatch.setattr(FakeAdmin, "existing", {"in"})
     watch = TopicWatch("broker:9092", ["in"], interval=0.01)
-    caplog.set_level(logging.INFO, logger="worker.kafka.topics")
+    caplog.set_level(logging.INFO, logger="context_assembler.kafka.topics")
     watching = asyncio.create_task(watch.run())
     try:
         await until(lambda: watch.refused == refusal)
@@ -204,7 +204,7 @@ def test_an_unreachable_broker_is_one_line_and_exit_2(
 
 
 def test_topics_create_takes_partitions_and_replication_factor() -> None:
-    from worker.cli.main import build_parser
+    from context_assembler.cli.main import build_parser
 
     args = build_parser().parse_args(["topics", "create"])
     assert (args.partitions, args.replication_factor) == (6, 1)
@@ -215,7 +215,7 @@ def test_topics_create_takes_partitions_and_replication_factor() -> None:
 def test_ready_gives_first_the_reason_an_operator_must_fix() -> None:
     from types import SimpleNamespace
 
-    from worker.kafka.run import not_ready_reason
+    from context_assembler.kafka.run import not_ready_reason
 
     watch = TopicWatch("broker:9092", ["in"])
     stuck = SimpleNamespace(blocked="prompts: TopicAuthorizationFailedError")

@@ -14,14 +14,14 @@ from aiokafka import TopicPartition
 from aiokafka.errors import ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
+from context_assembler.engine.policy import Policy
+from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka import transactional
+from context_assembler.kafka.runner import EventRunner
+from context_assembler.kafka.settings import Settings
+from context_assembler.kafka.transactional import TransactionalWorker
+from context_assembler.observability.metrics import Metrics
 from tests.kafka.test_records import GOOD
-from worker.engine.policy import Policy
-from worker.intake.policies import PolicyRegistry
-from worker.kafka import transactional
-from worker.kafka.observability.metrics import Metrics
-from worker.kafka.runner import EventRunner
-from worker.kafka.settings import Settings
-from worker.kafka.transactional import TransactionalWorker
 
 TP0, TP1 = TopicPartition("in", 0), TopicPartition("in", 1)
 Journal = list[tuple[str, ...]]

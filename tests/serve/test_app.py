@@ -21,17 +21,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from schemas.generate import openapi
+from context_assembler import filemode
+from context_assembler.contract.generate import openapi
+from context_assembler.engine import Assembly
+from context_assembler.filemode import BOM
+from context_assembler.intake.codec import Limits
+from context_assembler.intake.handle import assemble_bytes
+from context_assembler.intake.policies import PolicyRegistry, build_registry
+from context_assembler.observability.tracing import Tracing
+from context_assembler.serve.app import JSON, MESSAGE_CHARS, Server, Service, body
 from tests.factories import EXAMPLES
 from tests.test_layers import PROJECT_IMPORTS
-from worker import filemode
-from worker.engine import Assembly
-from worker.filemode import BOM
-from worker.intake.codec import Limits
-from worker.intake.handle import assemble_bytes
-from worker.intake.policies import PolicyRegistry, build_registry
-from worker.kafka.observability.tracing import Tracing
-from worker.serve.app import JSON, MESSAGE_CHARS, Server, Service, body
 
 LIMITS = Limits(max_event_bytes=64 * 1024, max_chunks=20, max_chunk_chars=5000)
 LINES = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
@@ -166,7 +166,7 @@ async def test_an_engine_bug_is_a_500_and_the_next_request_is_served(
     def broken(*_: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("worker.intake.handle.assemble", broken)
+    monkeypatch.setattr("context_assembler.intake.handle.assemble", broken)
     status, body, _ = await post(url, GOOD)
     assert status == 500
     assert json.loads(body) == {"reason": "engine", "message": "RuntimeError: boom",
@@ -186,7 +186,7 @@ async def test_requests_over_max_pending_get_503_until_the_engine_frees(
         release.wait(10)
         return assemble_bytes(raw, registry, limits)
 
-    monkeypatch.setattr("worker.serve.app.assemble_bytes", held)
+    monkeypatch.setattr("context_assembler.serve.app.assemble_bytes", held)
     service = Service(build_registry(None), LIMITS, max_pending=1)
     server = Server(service, "127.0.0.1", 0)
     await server.start()
@@ -274,9 +274,9 @@ def _refs(node: object) -> list[str]:
 
 def test_the_endpoint_imports_only_the_workers_sensors_of_kafka() -> None:
     kafka = [str(found) for found in PROJECT_IMPORTS
-             if found.importer.startswith("worker.serve")
-             and found.target.startswith("worker.kafka")
-             and not found.target.startswith("worker.kafka.observability")]
+             if found.importer.startswith("context_assembler.serve")
+             and found.target.startswith("context_assembler.kafka")
+             and not found.target.startswith("context_assembler.observability")]
     assert kafka == []
 
 
@@ -403,7 +403,7 @@ async def test_an_invalid_traceparent_is_neither_echoed_nor_logged(
     served: tuple[Service, str], caplog: pytest.LogCaptureFixture, given: str
 ) -> None:
     _, url = served
-    with caplog.at_level(logging.DEBUG, "worker.serve.app"):
+    with caplog.at_level(logging.DEBUG, "context_assembler.serve.app"):
         status, _, headers = await post(url, b"{bad", traceparent=given)
     assert status == 400
     assert "traceparent" not in headers
@@ -555,7 +555,7 @@ async def test_an_unexpected_error_answering_is_a_500_in_the_rejection_shape(
     async def broken(*_: object) -> None:
         raise LookupError("a secret of the server's")
 
-    monkeypatch.setattr("worker.serve.app.Endpoint._respond", broken)
+    monkeypatch.setattr("context_assembler.serve.app.Endpoint._respond", broken)
     status, body, headers = await post(url, GOOD)
     assert status == 500 and headers["Content-Type"].startswith(JSON)
     error = json.loads(body)

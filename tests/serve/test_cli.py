@@ -20,7 +20,7 @@ JSON = {"Content-Type": "application/json"}  # urllib would declare a form
 
 def start_serve(*options: str) -> tuple[subprocess.Popen[str], int]:
     """`serve --port 0 OPTIONS` and the port its banner names."""
-    process = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve", "--port", "0",
+    process = subprocess.Popen([sys.executable, "-m", "context_assembler.cli", "serve", "--port", "0",
                                 *options], stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     banner = process.stderr.readline()
@@ -52,7 +52,7 @@ def test_serve_answers_then_stops_on_sigterm() -> None:
 
 def test_serve_refuses_a_bad_policy_before_listening() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "serve", "--port", "0", "--policy", "no-such"],
+        [sys.executable, "-m", "context_assembler.cli", "serve", "--port", "0", "--policy", "no-such"],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2
@@ -67,7 +67,7 @@ def test_serve_refuses_a_bad_policy_before_listening() -> None:
      (["--idle-timeout", "nan"], "expected a positive number of seconds")],
 )
 def test_serve_refuses_an_option_out_of_range_as_a_usage_error(option: list[str], says: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "worker.cli", "serve", *option],
+    done = subprocess.run([sys.executable, "-m", "context_assembler.cli", "serve", *option],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert says in done.stderr

@@ -23,11 +23,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
+from context_assembler import filemode
+from context_assembler.intake.codec import Limits
+from context_assembler.intake.policies import build_registry
 from tests.factories import EXAMPLES
 from tests.support.broker import Broker
-from worker import filemode
-from worker.intake.codec import Limits
-from worker.intake.policies import build_registry
 
 Header = tuple[str, bytes]
 # The policies the tests' workers allow a request to name (no shipped example names one;
@@ -72,7 +72,7 @@ class WorkerProcess:
     guarantee: str = "at_least_once"
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
-    module: str = "worker.cli"  # bench.passthrough: the same worker without the engine
+    module: str = "context_assembler.cli"  # bench.passthrough: the same worker without the engine
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:

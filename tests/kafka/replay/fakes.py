@@ -10,8 +10,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from worker.kafka.records import Headers
-from worker.kafka.replay.reader import RangeError, Span, TopicReader
+from context_assembler.kafka.reader import RangeError, Span, TopicReader
+from context_assembler.kafka.records import Headers
 
 
 def record(

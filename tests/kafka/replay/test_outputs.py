@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from context_assembler.intake.codec import encode
+from context_assembler.kafka.records import Origin, handle
+from context_assembler.kafka.replay.outputs import OutputFiles, Progress, output_files
 from tests.kafka.test_records import CONTEXT, GOOD
-from worker.intake.codec import encode
-from worker.kafka.records import Origin, handle
-from worker.kafka.replay.outputs import OutputFiles, Progress, output_files
 
 ORIGIN = Origin("retrieval.results", 3, 1187, b"k", (), 1_764_547_200_000)
 

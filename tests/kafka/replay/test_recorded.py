@@ -15,20 +15,20 @@ from typing import Any
 
 import pytest
 
-from tests.kafka.replay.fakes import FakeReader, Topics
-from tests.support.worker import ALLOWED_POLICIES, events, file_mode
-from worker.intake.codec import Limits
-from worker.intake.policies import PolicyRegistry, build_registry
-from worker.intake.recorded import (
+from context_assembler.intake.codec import Limits
+from context_assembler.intake.policies import PolicyRegistry, build_registry
+from context_assembler.intake.recorded import (
     PolicyNotRecorded,
     RecordedPolicies,
     record_bytes,
     registry_policies,
 )
-from worker.kafka.records import HandlerContext, Origin, handle
-from worker.kafka.replay import replay as module
-from worker.kafka.replay.replay import ReplayRequest, replay
-from worker.kafka.settings import Settings
+from context_assembler.kafka.records import HandlerContext, Origin, handle
+from context_assembler.kafka.replay import replay as module
+from context_assembler.kafka.replay.replay import ReplayRequest, replay
+from context_assembler.kafka.settings import Settings
+from tests.kafka.replay.fakes import FakeReader, Topics
+from tests.support.worker import ALLOWED_POLICIES, events, file_mode
 
 T = 1_764_547_200_000
 GOOD = events(8)

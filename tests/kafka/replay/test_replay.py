@@ -14,16 +14,16 @@ from typing import Any, ClassVar
 
 import pytest
 
+from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.intake.codec import Limits
+from context_assembler.intake.policies import build_registry
+from context_assembler.kafka.reader import RangeError
+from context_assembler.kafka.records import ERR, HandlerContext, Origin, handle, value_of
+from context_assembler.kafka.replay import replay as module
+from context_assembler.kafka.replay.replay import NotRecorded, ReplayRequest, find_recorded, replay
+from context_assembler.kafka.settings import Settings
 from tests.kafka.replay.fakes import FakeReader, Topics
 from tests.support.worker import ALLOWED_POLICIES, events, file_mode
-from worker.engine.errors import ContextAssemblerError
-from worker.intake.codec import Limits
-from worker.intake.policies import build_registry
-from worker.kafka.records import ERR, HandlerContext, Origin, handle, value_of
-from worker.kafka.replay import replay as module
-from worker.kafka.replay.reader import RangeError
-from worker.kafka.replay.replay import NotRecorded, ReplayRequest, find_recorded, replay
-from worker.kafka.settings import Settings
 
 T = 1_764_547_200_000
 REGISTRY = build_registry(None, ALLOWED_POLICIES)

@@ -1,0 +1,36 @@
+"""The library's public API: `import context_assembler` is all a caller needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import context_assembler as ca
+from context_assembler.intake.codec import encode
+
+EVENTS = Path(__file__).parent / "golden" / "events.jsonl"
+
+
+def test_the_public_names_are_importable_from_the_root() -> None:
+    assert sorted(ca.__all__) == sorted(name for name in ca.__all__ if hasattr(ca, name))
+    assert {"assemble", "load_policy", "RetrievalResult", "Policy"} <= set(ca.__all__)
+
+
+def test_assemble_a_validated_event_under_a_preset_is_deterministic() -> None:
+    line = EVENTS.read_text("utf-8").splitlines()[0]
+    policy = ca.load_policy("default")
+    first = ca.assemble(ca.RetrievalResult.model_validate_json(line), policy)
+    second = ca.assemble(ca.RetrievalResult.model_validate_json(line), ca.load_policy(None))
+    assert encode(first.prompt) == encode(second.prompt)
+    assert encode(first.audit) == encode(second.audit)
+    assert first.prompt.engine.version == ca.__version__
+    shown = {c.chunk_id for c in first.audit.kept} | {d.chunk_id for d in first.audit.dropped}
+    assert shown == {chunk.chunk_id for chunk in first.prompt.citations} | {
+        d.chunk_id for d in first.audit.dropped}
+
+
+def test_an_unknown_preset_is_a_policy_error_naming_the_presets() -> None:
+    with pytest.raises(ca.PolicyError, match="default"):
+        ca.load_policy("no-such-preset")
+    assert "default" in ca.preset_names()

@@ -1,7 +1,0 @@
-"""`python -m worker.cli`: the same as the `context-assembler` command."""
-
-import sys
-
-from worker.cli.main import main
-
-sys.exit(main())

@@ -1,0 +1,186 @@
+"""The file commands, no broker: assemble, explain and sweep over JSONL files, and policy."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from context_assembler import filemode
+from context_assembler.cli.common import (
+    NotFound,
+    UsageError,
+    command,
+    file_errors,
+    limits,
+    note,
+    open_inputs,
+    open_output,
+    parse_audit,
+    refuse_overlaps,
+)
+from context_assembler.contract.models import AssemblyAudit, RetrievalResult
+from context_assembler.diagnose.explain import (
+    SEED_BUDGETS,
+    decision_table,
+    printable,
+    sweep,
+    sweep_chart,
+    sweep_table,
+)
+from context_assembler.engine import Policy, assemble
+from context_assembler.intake.codec import Excerpt, RejectedInput, decode_event
+from context_assembler.intake.handle import resolve_policy
+from context_assembler.intake.policies import PolicyRegistry, build_registry, load_policy
+from context_assembler.intake.recorded import RecordedPolicies, differences, read_records_file
+
+
+@command
+def cmd_assemble(args: argparse.Namespace) -> int:
+    outputs = {"--out": args.out or "-", "--audit": args.audit, "--errors": args.errors or "-"}
+    if args.policies == "-":
+        raise UsageError("--policies needs a file name")
+    refuse_overlaps(args.files or ["-"], {**outputs, "--policies": args.policies})
+    registry = build_registry(args.policy, args.allow_policy)
+    with (  # every output file is renamed into place only when the whole run succeeds
+        open_inputs(args.files) as sources,
+        open_output("--out", outputs["--out"]) as prompts,
+        open_output("--audit", outputs["--audit"]) as audits,
+        open_output("--errors", outputs["--errors"]) as errors,
+        open_output("--policies", args.policies) as records,
+    ):
+        assert prompts is not None and errors is not None
+        if records is not None:
+            filemode.write_policies(registry, records)
+        totals = filemode.run(
+            sources, registry, limits(args), prompts=prompts, audits=audits, errors=errors
+        )
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(totals.reasons.items()))
+    print(
+        f"assembled {totals.assembled}, rejected {totals.rejected}"
+        + (f" ({reasons})" if reasons else ""),
+        file=sys.stderr,
+    )
+    return 1 if totals.rejected else 0
+
+
+def _events(args: argparse.Namespace) -> Iterator[tuple[str, bytes | Excerpt]]:
+    """(origin, line) for each event of --events."""
+    with open_inputs([args.events]) as sources:
+        for name, stream in sources:
+            for number, line in filemode.read_lines(stream, args.max_event_bytes):
+                yield f"{name}:{number}", line
+
+
+def _selected_events(
+    args: argparse.Namespace, registry: PolicyRegistry
+) -> Iterator[tuple[RetrievalResult, Policy]]:
+    """The events asked for, each with its policy; a line that cannot be assembled is
+    named on stderr and skipped, as the file mode would reject it."""
+    found = skipped = False
+    for origin, raw in _events(args):
+        try:
+            event = decode_event(raw, limits(args))
+            if args.request_id not in (None, event.request_id):
+                continue
+            policy = resolve_policy(registry, event)
+        except RejectedInput as error:
+            note(f"{origin}: skipped: {error.reason}: {error.message}")
+            skipped = skipped or error.request_id == args.request_id
+            continue
+        found = True
+        yield event, policy
+    if args.request_id is not None and not found:
+        where = "was skipped" if skipped else "is not"
+        raise NotFound(f"request {args.request_id!r} {where} in {args.events}")
+
+
+def _recorded_audits(path: str) -> dict[str, AssemblyAudit]:
+    """request_id -> the last audit recorded for it in an audit JSONL file."""
+    audits: dict[str, AssemblyAudit] = {}
+    with file_errors(path), open(path, "rb") as stream:
+        for number, line in enumerate(stream, start=1):
+            if line.strip():
+                audit = parse_audit(line, f"{path}:{number}")
+                audits[audit.request_id] = audit
+    return audits
+
+
+@command
+def cmd_explain(args: argparse.Namespace) -> int:
+    """The decisions for the events of --events: recorded in --audit, or assembled now."""
+    registry = build_registry(args.policy, args.allow_policy)
+    recorded = _recorded_audits(args.audit) if args.audit else {}
+    for event, policy in _selected_events(args, registry):
+        audit = recorded.get(event.request_id) or assemble(event, policy).audit
+        if args.audit and event.request_id not in recorded:
+            note(f"(no recorded audit for {event.request_id}: assembled now)")
+        print(decision_table(event, audit, policy))
+        print()
+    return 0
+
+
+def parse_budgets(text: str) -> list[int]:
+    """"100:1000:50,1500": every 50 from 100 to 1000, then 1500."""
+    found: list[int] = []
+    try:
+        for part in text.split(","):
+            if ":" in part:
+                start, stop, step = (int(x) for x in part.split(":"))
+                found.extend(range(start, stop + 1, step))
+            else:
+                found.append(int(part))
+    except ValueError:
+        found = []
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected budgets such as 100:1000:50,1500")
+    return found
+
+
+_NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@command
+def cmd_sweep(args: argparse.Namespace) -> int:
+    registry = build_registry(args.policy, args.allow_policy)
+    for event, policy in _selected_events(args, registry):
+        points = sweep(event, policy, args.budgets or SEED_BUDGETS)
+        print(sweep_table(event, points))
+        if args.png:
+            png = Path(args.png)
+            if args.request_id is None:  # one chart per request, named after it (untrusted)
+                name = _NOT_IN_FILE_NAMES.sub("_", event.request_id)
+                png = png.with_name(f"{png.stem}-{name}{png.suffix}")
+            with file_errors(str(png)):
+                sweep_chart(event, points, str(png))
+            print(f"chart: {png}")
+        print()
+    return 0
+
+
+def full_hash(text: str) -> str:
+    """A policy hash as outputs carry it; the "sha256:" may be left out."""
+    return text if text.startswith("sha256:") else f"sha256:{text}"
+
+
+def policy_diff(recorded: RecordedPolicies, hashes: list[str]) -> int:
+    """What changed from the first recorded policy to the second: exit 1 if anything did."""
+    old, new = (recorded.record(full_hash(h)) for h in hashes)  # or PolicyNotRecorded
+    print(printable(f"--- {old.name} {old.hash} (engine {old.engine.version})"))
+    print(printable(f"+++ {new.name} {new.hash} (engine {new.engine.version})"))
+    changed = differences(old.settings, new.settings)
+    for line in changed or ["no setting differs"]:
+        print(printable(line))
+    return 1 if changed else 0
+
+
+@command
+def cmd_policy(args: argparse.Namespace) -> int:
+    if args.diff:
+        return policy_diff(read_records_file(args.policies), args.diff)
+    policy = load_policy(args.policy)
+    print(f"# {policy.name} {policy.hash}")
+    print(policy.model_dump_json(indent=2))
+    return 0

@@ -1,0 +1,386 @@
+"""The Kafka commands: worker, topics, produce, replay, redrive, explain --kafka and
+policy --diff from the policies topic.
+
+`context_assembler.kafka` (faust, aiokafka) is imported inside each command, so the file
+commands never load a Kafka client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+from context_assembler.cli.common import (
+    UsageError,
+    command,
+    limits,
+    open_inputs,
+    parse_audit,
+    refuse_overlaps,
+)
+from context_assembler.cli.files import policy_diff
+from context_assembler.diagnose.explain import UnusableInput, decision_table, printable
+from context_assembler.engine import Policy
+from context_assembler.intake.codec import RejectedInput, decode_event
+from context_assembler.intake.policies import (
+    PolicyRegistry,
+    build_registry,
+    load_preset,
+    preset_names,
+)
+from context_assembler.intake.recorded import (
+    PolicyNotRecorded,
+    RecordedPolicies,
+    not_defaults,
+    read_records_file,
+)
+
+if TYPE_CHECKING:
+    from context_assembler.kafka.settings import Settings
+
+
+@command
+def cmd_worker(_: argparse.Namespace) -> int:
+    from context_assembler.kafka.run import run_worker
+    from context_assembler.kafka.settings import load_settings
+
+    return run_worker(load_settings())
+
+
+@command
+def cmd_acls(args: argparse.Namespace) -> int:
+    """acls --principal User:NAME: what to grant, printed; nothing is sent to the broker."""
+    from context_assembler.kafka.acls import kafka_acls_commands, strimzi_kafka_user, worker_acls
+    from context_assembler.kafka.settings import load_settings
+
+    if not args.principal.startswith("User:") or args.principal == "User:":
+        raise UsageError(f"--principal {args.principal!r}: expected User:NAME")
+    settings = load_settings()
+    acls = worker_acls(settings)
+    if args.format == "strimzi":
+        print(strimzi_kafka_user(args.principal, acls, args.strimzi_cluster))
+    else:
+        servers = args.bootstrap_servers or settings.bootstrap_servers
+        print("\n".join(kafka_acls_commands(args.principal, acls, servers)))
+    return 0
+
+
+def quiet_kafka_client() -> None:
+    """aiokafka logs each failed connection and each metadata retry for a missing topic;
+    these commands check the broker and the topics themselves and report once."""
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+@command
+def cmd_topics(args: argparse.Namespace) -> int:
+    """topics create: exit 0 when every topic is created or exists as specified, 1 when
+    one exists with other partitions, replication or configs (reported, left as it is)."""
+    import asyncio
+
+    from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.settings import load_settings
+    from context_assembler.kafka.topics import create_topics, worker_topics
+
+    quiet_kafka_client()
+    settings = load_settings()
+    servers = args.bootstrap_servers or settings.bootstrap_servers
+    specs = worker_topics(settings, args.partitions, args.replication_factor)
+    reports = asyncio.run(create_topics(servers, specs, kafka_security(settings)))
+    for report in reports:
+        print(report.render())
+    return 1 if any(r.status == "differs" for r in reports) else 0
+
+
+@command
+def cmd_produce(args: argparse.Namespace) -> int:
+    """produce: exit 0 once sent; with --wait, once each event has its prompt or its dead
+    letter (1 if some have neither after --timeout)."""
+    import asyncio
+
+    from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.produce import produce
+    from context_assembler.kafka.reader import TopicReader
+    from context_assembler.kafka.settings import load_settings
+    from context_assembler.kafka.tail import Answers, output_ends, wait_for_answers
+
+    quiet_kafka_client()
+    settings = load_settings()
+    servers = args.bootstrap_servers or settings.bootstrap_servers
+    topic = args.topic or settings.input_topic
+    compression, security = settings.producer_compression, kafka_security(settings)
+
+    async def send(lines: Iterable[bytes]) -> Answers | None:
+        if not args.wait:
+            report_sent(len(await produce(servers, topic, lines, compression, security)), topic)
+            return None
+        async with TopicReader(servers, security) as reader:
+            starts = await output_ends(reader, [settings.prompts_topic, settings.dlq_topic])
+            sent = await produce(servers, topic, lines, compression, security)
+            report_sent(len(sent), topic)
+            return await wait_for_answers(reader, starts, settings.prompts_topic,
+                                          [(topic, p, o) for p, o in sent], args.timeout)
+
+    with open_inputs(args.files) as sources:
+        answers = asyncio.run(send(line for _, stream in sources for line in stream))
+    if answers is None:
+        return 0
+    for line in answers.dead_letters:
+        print(f"dead letter: {line}", file=sys.stderr)
+    answered = answers.prompts + len(answers.dead_letters)
+    print(f"answered {answered} events: {answers.prompts} prompts on {settings.prompts_topic}, "
+          f"{len(answers.dead_letters)} dead letters on {settings.dlq_topic}", file=sys.stderr)
+    if answers.waiting:
+        print(f"context-assembler: {len(answers.waiting)} events not answered within "
+              f"{args.timeout:g} s; is a worker running on {servers} (context-assembler "
+              "worker)?", file=sys.stderr)
+        return 1
+    return 0
+
+
+def report_sent(count: int, topic: str) -> None:
+    print(f"sent {count} events to {topic}", file=sys.stderr)
+
+
+@command
+def cmd_tail(args: argparse.Namespace) -> int:
+    """tail prompts|audit|dlq: the last records of an output topic, one line each; with
+    --follow, new ones as they come until Ctrl-C."""
+    import asyncio
+
+    from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.reader import TopicReader
+    from context_assembler.kafka.settings import load_settings
+    from context_assembler.kafka.tail import tail
+
+    if args.lines < 0:
+        raise UsageError("-n takes a count of records, 0 or more")
+    quiet_kafka_client()
+    settings = load_settings()
+    topic = args.topic or {"prompts": settings.prompts_topic, "audit": settings.audit_topic,
+                           "dlq": settings.dlq_topic}[args.output]
+
+    def write(line: str) -> None:
+        print(line, flush=True)
+
+    async def read() -> None:
+        async with TopicReader(args.bootstrap_servers or settings.bootstrap_servers,
+                               kafka_security(settings)) as reader:
+            await tail(reader, args.output, topic, args.lines, args.follow, write)
+
+    asyncio.run(read())
+    return 0
+
+
+class TopicRange(TypedDict):
+    """The reader's range arguments (`TopicReader.spans`), as replay and redrive take them."""
+
+    starts: list[tuple[int, int]]
+    from_ms: int | None
+    ends: list[tuple[int, int]]
+    to_ms: int | None
+
+
+def topic_range(args: argparse.Namespace) -> TopicRange:
+    """--from, --from-time and --to (`common.add_range`) parsed."""
+    from context_assembler.kafka.reader import is_position, parse_position, parse_time
+
+    if args.start and args.from_time:
+        raise UsageError("give --from or --from-time, not both")
+    return TopicRange(
+        starts=[parse_position(p) for p in args.start],
+        from_ms=parse_time(args.from_time) if args.from_time else None,
+        ends=[parse_position(p) for p in args.to if is_position(p)],
+        to_ms=next((parse_time(p) for p in args.to if not is_position(p)), None),
+    )
+
+
+@command
+def cmd_replay(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.replay.replay import ReplayRequest, replay
+    from context_assembler.kafka.settings import load_settings
+
+    span = topic_range(args)
+    refuse_overlaps([], {"--out": args.out, "--audit": args.audit, "--errors": args.errors})
+    recorded = args.policy == "recorded"
+    if args.policies and not recorded:
+        raise UsageError("--policies goes with --policy recorded")
+    quiet_kafka_client()
+    settings = load_settings()
+    request = ReplayRequest(
+        bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
+        input_topic=args.input_topic or settings.input_topic,
+        prompts_topic=args.prompts_topic or settings.prompts_topic,
+        audit_topic=args.audit_topic or settings.audit_topic,
+        # Under the recorded policies, the operator's are for events without a prompt.
+        registry=build_registry(settings.policy_file if recorded
+                                else args.policy or settings.policy_file,
+                                args.allow_policy or settings.allowed_policies),
+        limits=limits(args),
+        **span,
+        count=args.count,
+        out=Path(args.out) if args.out else None,
+        audit_out=Path(args.audit) if args.audit else None,
+        errors_out=Path(args.errors) if args.errors else None,
+        to_topic=args.to_topic,
+        to_audit_topic=args.to_audit_topic,
+        compare=args.compare,
+        recorded=recorded,
+        policies_topic=args.policies_topic or settings.policies_topic,
+        policies=read_records_file(args.policies) if args.policies else None,
+        compression=settings.producer_compression,
+        security=kafka_security(settings),
+    )
+
+    async def run() -> int:
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+        report = await replay(request, stop)
+        rejected = sum(isinstance(r.result, str) for r in report.replayed)
+        for comparison in report.comparisons:
+            if comparison.status != "identical" or args.verbose:
+                print(comparison.render())
+        counts = {s: sum(c.status == s for c in report.comparisons)
+                  for s in ("identical", "different", "not published")}
+        summary = f"replayed {len(report.replayed)} events ({rejected} rejected)"
+        if recorded:
+            summary += (f" under the recorded policies ({report.unrecorded} without a "
+                        "published prompt, under the service policy)")
+        if request.compare:
+            summary += ": " + ", ".join(f"{n} {s}" for s, n in counts.items())
+        if report.interrupted:
+            summary += " (interrupted: the outputs hold the events replayed so far)"
+        print(summary)
+        if report.interrupted:
+            return 130
+        return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
+
+    return asyncio.run(run())
+
+
+def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedPolicies:
+    """The policy records of --policies F, else of the policies topic."""
+    import asyncio
+
+    from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.policies import fetch_policies
+
+    if args.policies:
+        return read_records_file(args.policies)
+    return asyncio.run(fetch_policies(args.bootstrap_servers or settings.bootstrap_servers,
+                                      args.policies_topic or settings.policies_topic,
+                                      kafka_security(settings)))
+
+
+@command
+def cmd_policy_diff(args: argparse.Namespace) -> int:
+    """policy --diff HASH_A HASH_B, from the policies topic."""
+    from context_assembler.kafka.settings import load_settings
+
+    quiet_kafka_client()
+    settings = load_settings()
+    recorded = recorded_policies(args, settings)
+    return policy_diff(recorded, args.diff)
+
+
+@command
+def cmd_redrive(args: argparse.Namespace) -> int:
+    """redrive: dead letters back to the input topic, grouped by reason; a dry run unless
+    --yes."""
+    import asyncio
+
+    from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.redrive import RedriveRequest, redrive
+    from context_assembler.kafka.settings import load_settings
+
+    span = topic_range(args)
+    if args.yes and args.dry_run:
+        raise UsageError("give --yes or --dry-run, not both")
+    quiet_kafka_client()
+    settings = load_settings()
+    request = RedriveRequest(
+        bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
+        dlq_topic=args.dlq_topic or settings.dlq_topic,
+        input_topic=args.input_topic or settings.input_topic,
+        **span,
+        count=args.count,
+        max_redrives=args.max_redrives,
+        send=args.yes,
+        max_request_size=settings.max_message_bytes,
+        compression=settings.producer_compression,
+        security=kafka_security(settings),
+    )
+    report = asyncio.run(redrive(request))
+    for line in report.render(request.input_topic, request.max_redrives):
+        print(printable(line))
+    return 0
+
+
+def recorded_policy(registry: PolicyRegistry, name: str) -> Policy:
+    """The policy an audit names: allowed here, else the preset of that name, else the
+    service policy. The operator runs explain, so any preset may be shown."""
+    if name in registry.allowed_names:
+        return registry.resolve(name)
+    return load_preset(name) if name in preset_names() else registry.default
+
+
+@command
+def cmd_explain(args: argparse.Namespace) -> int:
+    """explain REQUEST_ID --kafka: its latest audit on the audit topic, and its input."""
+    import asyncio
+
+    from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.reader import RangeError, parse_time
+    from context_assembler.kafka.replay.replay import find_recorded
+    from context_assembler.kafka.settings import load_settings
+
+    if args.request_id is None:
+        raise UsageError("explain --kafka needs a REQUEST_ID")
+    quiet_kafka_client()
+    settings = load_settings()
+    registry = build_registry(args.policy or settings.policy_file,
+                              args.allow_policy or settings.allowed_policies)
+    servers = args.bootstrap_servers or settings.bootstrap_servers
+    raw, audit_bytes, origin = asyncio.run(find_recorded(  # or NotRecorded
+        servers,
+        args.audit_topic or settings.audit_topic,
+        args.request_id,
+        parse_time(args.from_time) if args.from_time else None,
+        kafka_security(settings),
+    ))
+    try:
+        event = decode_event(raw, limits(args))
+    except RejectedInput as error:
+        raise UnusableInput(f"the input {origin} cannot be decoded: {error.reason}: "
+                            f"{error.message}") from None
+    audit = parse_audit(audit_bytes, f"the audit of {args.request_id!r}")
+    policy = recorded_policy(registry, audit.policy.name)
+    print(printable(f"input {origin}"))
+    try:
+        recorded = recorded_policies(args, settings)
+        record = recorded.record(audit.policy.hash)
+    except (PolicyNotRecorded, RangeError) as error:
+        print(printable(f"recorded policy {audit.policy.name} {audit.policy.hash}: not found "
+                        f"({error})"))
+    else:
+        policy = recorded.policy(record.hash, audit.policy.name)
+        changed = not_defaults(record)
+        print(printable(f"recorded policy {audit.policy.name} {record.hash} (engine "
+                        f"{record.engine.version}): "
+                        + ("settings that differ from the defaults:" if changed
+                           else "the defaults")))
+        for line in changed:
+            print(printable(f"  {line}"))
+    if policy.hash != audit.policy.hash:
+        print(printable(f"(recorded under {audit.policy.hash}; tokens of dropped chunks are "
+                        f"counted under {policy.name} {policy.hash})"))
+    print(decision_table(event, audit, policy))
+    return 0

@@ -1,0 +1,233 @@
+"""The one place the security settings become Kafka client arguments.
+
+Every client (the faust app, the exactly_once consumer and producers, the admin clients and
+the CLI's readers and producers) takes `KafkaSecurity.client_args()`, so a cluster that
+needs TLS or SASL is reached the same way by all of them. Secrets stay in SecretStr until
+the client needs them; the password file is read at start, the OAUTHBEARER token file each
+time a connection authenticates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka.abc import AbstractTokenProvider
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnsupportedSaslMechanismError,
+)
+from pydantic import SecretStr
+
+from context_assembler.kafka.settings import Settings, SettingsError
+
+
+class TokenFile(AbstractTokenProvider):  # type: ignore[misc]
+    """An OAUTHBEARER token read from a file at each authentication, so a token that a
+    sidecar or a projected service-account volume rotates in place is the one sent."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def token(self) -> str:
+        return await asyncio.to_thread(self.read)
+
+    def read(self) -> str:
+        token = self.path.read_text(encoding="utf-8").strip()
+        if not token:
+            raise SettingsError(f"ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE {self.path} is empty")
+        return token
+
+    def __repr__(self) -> str:
+        return f"TokenFile({str(self.path)!r})"
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """How the clients authenticate and encrypt; PLAINTEXT by default."""
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    token_file: TokenFile | None = None
+    ssl_context: ssl.SSLContext | None = None
+
+    def client_args(self) -> dict[str, Any]:
+        """Keyword arguments for AIOKafkaConsumer, AIOKafkaProducer and AIOKafkaAdminClient."""
+        args: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.ssl_context is not None:
+            args["ssl_context"] = self.ssl_context
+        if self.mechanism is not None:
+            args["sasl_mechanism"] = self.mechanism
+        if self.username is not None:
+            args["sasl_plain_username"] = self.username
+        if self.password is not None:
+            args["sasl_plain_password"] = self.password.get_secret_value()
+        if self.token_file is not None:
+            args["sasl_oauth_token_provider"] = self.token_file
+        return args
+
+    def faust_credentials(self) -> Any:
+        """faust's broker_credentials for the same connection (None: plaintext)."""
+        import faust
+
+        if self.token_file is not None:
+            return faust.OAuthCredentials(oauth_cb=self.token_file, ssl_context=self.ssl_context)
+        if self.mechanism is not None:
+            password = self.password.get_secret_value() if self.password else None
+            return faust.SASLCredentials(username=self.username, password=password,
+                                         ssl_context=self.ssl_context, mechanism=self.mechanism)
+        if self.ssl_context is not None:
+            return faust.SSLCredentials(self.ssl_context)
+        return None
+
+    def describe(self) -> str:
+        """The connection, for log lines and errors: never a secret."""
+        described = self.protocol
+        if self.mechanism:
+            described += f" {self.mechanism}"
+        if self.username:
+            described += f" as {self.username}"
+        return described
+
+
+PLAINTEXT = KafkaSecurity()
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+def kafka_security(settings: Settings) -> KafkaSecurity:
+    """The settings' connection; raises SettingsError naming the variable when a file does
+    not hold what it should (a key that does not match its certificate, a bad CA bundle)."""
+    protocol = settings.security_protocol
+    sasl = protocol.startswith("SASL_")
+    return KafkaSecurity(
+        protocol=protocol,
+        mechanism=settings.sasl_mechanism if sasl else None,
+        username=settings.sasl_username if sasl else None,
+        password=_password(settings) if sasl else None,
+        token_file=(TokenFile(settings.sasl_oauthbearer_token_file)
+                    if sasl and settings.sasl_oauthbearer_token_file else None),
+        ssl_context=_ssl_context(settings) if protocol.endswith("SSL") else None,
+    )
+
+
+def _password(settings: Settings) -> SecretStr | None:
+    if settings.sasl_password_file is None:
+        return settings.sasl_password
+    return SecretStr(_read_secret(settings.sasl_password_file, "ASSEMBLER_SASL_PASSWORD_FILE"))
+
+
+def _read_secret(path: Path, variable: str) -> str:
+    """A secret file's text without its final newline (as `echo` and Kubernetes write it)."""
+    try:
+        return path.read_text(encoding="utf-8").rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SettingsError(f"{variable}: cannot read {path}: {error}") from None
+
+
+def _ssl_context(settings: Settings) -> ssl.SSLContext:
+    try:
+        context = ssl.create_default_context(
+            cafile=str(settings.ssl_ca_file) if settings.ssl_ca_file else None)
+    except (ssl.SSLError, OSError) as error:
+        raise SettingsError(f"ASSEMBLER_SSL_CA_FILE {settings.ssl_ca_file}: no CA "
+                            f"certificate could be loaded ({error})") from None
+    context.check_hostname = settings.ssl_check_hostname
+    if settings.ssl_cert_file is not None and settings.ssl_key_file is not None:
+        key_password = (_read_secret(settings.ssl_key_password_file,
+                                     "ASSEMBLER_SSL_KEY_PASSWORD_FILE")
+                        if settings.ssl_key_password_file else None)
+        try:
+            context.load_cert_chain(settings.ssl_cert_file, settings.ssl_key_file, key_password)
+        except (ssl.SSLError, OSError) as error:
+            raise SettingsError(
+                f"ASSEMBLER_SSL_CERT_FILE {settings.ssl_cert_file} and ASSEMBLER_SSL_KEY_FILE "
+                f"{settings.ssl_key_file}: not a certificate and its key, or a wrong "
+                f"ASSEMBLER_SSL_KEY_PASSWORD_FILE ({error.__class__.__name__})") from None
+    return context
+
+
+ACLS_HINT = "grant the ACLs `context-assembler acls --principal User:NAME` prints"
+_AUTHORIZATION_ERRORS = (TopicAuthorizationFailedError, GroupAuthorizationFailedError,
+                         TransactionalIdAuthorizationFailed)
+
+
+def acl_hint(error: BaseException | None) -> str:
+    """What to add to a refusal that an ACL would lift ('' for any other error)."""
+    return f" (a missing ACL: {ACLS_HINT})" if isinstance(error, _AUTHORIZATION_ERRORS) else ""
+
+
+async def connection_problem(servers: str, security: KafkaSecurity) -> str | None:
+    """Why the first bootstrap server refuses this connection, as one line naming the
+    setting to fix; None when it connects (or cannot be reached at all, which callers
+    report as they always have). aiokafka itself only logs the cause and retries."""
+    host, _, port = servers.split(",")[0].strip().rpartition(":")
+    settings = "ASSEMBLER_SASL_USERNAME and ASSEMBLER_SASL_PASSWORD or _PASSWORD_FILE"
+    try:
+        connection = await create_conn(host, int(port), request_timeout_ms=10_000,
+                                       **security.client_args())
+    except SaslAuthenticationFailed:
+        return (f"SASL authentication failed at {servers} ({security.describe()}): check "
+                f"{settings} and ASSEMBLER_SASL_MECHANISM")
+    except UnsupportedSaslMechanismError:
+        return (f"the broker at {servers} does not accept ASSEMBLER_SASL_MECHANISM="
+                f"{security.mechanism} on this listener: set the mechanism it enables")
+    except ssl.SSLCertVerificationError as error:
+        return (f"the broker's TLS certificate at {servers} is not trusted: "
+                f"{error.verify_message}: check ASSEMBLER_SSL_CA_FILE (the CA that signed it) "
+                "and ASSEMBLER_SSL_CHECK_HOSTNAME")
+    except ssl.SSLError as error:
+        return (f"TLS handshake with {servers} failed ({error.reason or error}): check "
+                "ASSEMBLER_SECURITY_PROTOCOL and ASSEMBLER_SSL_CERT_FILE/ASSEMBLER_SSL_KEY_FILE")
+    except KafkaConnectionError as error:
+        if "closed" not in str(error):
+            return None
+        return (f"the broker at {servers} closed the connection ({security.describe()}): "
+                "check ASSEMBLER_SECURITY_PROTOCOL against the listener's (TLS or not, SASL "
+                "or not), and ASSEMBLER_SSL_CERT_FILE/ASSEMBLER_SSL_KEY_FILE if it requires a "
+                "client certificate")
+    except (OSError, TimeoutError, ValueError):
+        return None
+    connection.close()
+    return None
+
+
+async def start_up_problem(servers: str, security: KafkaSecurity, topics: list[str],
+                           group: str) -> str | None:
+    """What keeps the worker from working with these credentials, checked before it joins
+    its group: the broker refusing them, a topic it may not even DESCRIBE, or a group it may
+    not READ (faust would wait for the group silently). A broker that does not answer, or a
+    topic not created yet, is not a problem here: the worker waits for those, saying so on
+    /ready."""
+    problem = await connection_problem(servers, security)
+    if problem:
+        return problem
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000,
+                                **security.client_args())
+    try:
+        await admin.start()
+        described = await admin.describe_topics(topics)
+        denied = sorted(t["topic"] for t in described
+                        if t["error_code"] == TOPIC_AUTHORIZATION_FAILED)
+        if denied:
+            return (f"{security.describe()} is not authorized to DESCRIBE topics "
+                    f"{', '.join(denied)}: {ACLS_HINT}")
+        await admin.list_consumer_group_offsets(group)  # needs the group's READ
+    except GroupAuthorizationFailedError:
+        return f"{security.describe()} is not authorized to READ group {group}: {ACLS_HINT}"
+    except (KafkaError, TimeoutError):
+        return None
+    finally:
+        await admin.close()
+    return None
