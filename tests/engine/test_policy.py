@@ -156,7 +156,7 @@ def test_policies_that_use_neither_new_knob_keep_the_hash_they_were_recorded_und
     import json
     import pathlib
 
-    fixtures = pathlib.Path(__file__).parent.parent / "schemas" / "fixtures" / "v1"
+    fixtures = pathlib.Path(__file__).parent.parent / "contract" / "fixtures" / "v1"
     records = [json.loads(line) for line in (fixtures / "policy-record.jsonl").read_text().splitlines()]
     assert records and all("charge_separators" not in r["settings"]["budget"] for r in records)
     for record in records:

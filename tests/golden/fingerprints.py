@@ -30,7 +30,7 @@ from context_assembler.intake.policies import load_preset, preset_names
 HERE = Path(__file__).parent
 RECORDED = HERE / "fingerprints.json"
 # The contract fixtures (never regenerated) and the seeds' own cases.
-EVENTS = (HERE.parent / "schemas" / "fixtures" / "v1" / "retrieval-result.jsonl",
+EVENTS = (HERE.parent / "contract" / "fixtures" / "v1" / "retrieval-result.jsonl",
           HERE / "events.jsonl")
 
 
