@@ -69,8 +69,9 @@ prometheus-rule: deploy/prometheus/alerts.yaml  ## rewrite the PrometheusRule fr
 schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
 	$(BIN)/python -m context_assembler.contract.generate
 
-bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline, side by side
+bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline; cost against chunk count
 	$(BIN)/python -m bench.engine_bench
+	$(BIN)/python -m bench.scaling
 
 bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a real broker
 	$(BIN)/python -m bench.kafka_bench
