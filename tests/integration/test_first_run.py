@@ -204,15 +204,19 @@ def test_the_docs_worker_quick_start_and_walkthroughs_work_word_for_word(tmp_pat
     assert any(line.startswith("context-assembler: nothing to replay: no event on "
                                "retrieval.results from 2000-01-01T00:00:00.000Z") for line in lines)
 
-    # The re-drive walkthrough: the request naming a policy not allowed is dead-lettered, then
-    # listed and sent back.
+    # The re-drive walkthrough: the request naming a policy not allowed is dead-lettered (the
+    # second worker warns of it once), then listed and sent back.
     assert ("answered 1 events: 0 prompts on prompts.assembled, 1 dead letters on "
             "retrieval.results.dlq") in lines, output
-    assert any(line.startswith("q30-customer") and "RejectedInput.policy" in line
-               for line in lines), output
-    assert any(line.startswith("would re-drive 1 dead letters to retrieval.results")
-               for line in lines), output
-    assert logged[-1]["message"] == "stopped"
+    assert any(line.startswith("q30-customer  RejectedInput.policy: policy 'window-8k' is not "
+                               "allowed here") for line in lines), output
+    second_run = logged[len(first_run):]
+    assert [e["message"] for e in second_run if e["level"] != "INFO"] == [
+        "rejected input: policy 'window-8k' is not allowed here; allowed: default"], output
+    assert second_run[-1]["message"] == "stopped"
+    assert ("would re-drive 1 dead letters to retrieval.results (dry run: --yes sends them); "
+            "next run: --from 0:1") in lines, output
+    assert "re-drove 1 dead letters to retrieval.results; next run: --from 0:1" in lines, output
 
 
 def what(command: str) -> str:
