@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test test-unit test-lowest lint check check-deploy prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo test test-unit test-lowest lint docs check check-deploy prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ lint: $(BIN)/context-assembler
 	$(BIN)/mypy
 
 check: lint test
+
+docs: $(BIN)/context-assembler  ## the user documentation, built strictly into site/
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The operations artefacts, by their own ecosystems' tools: promtool (Debian's `prometheus`
 # package) checks the alert rules and runs their unit tests; the AsyncAPI parser (pinned in
@@ -95,4 +98,4 @@ broker-stop:
 	bash scripts/kafka.sh stop $(KAFKA_DIR)
 
 clean:
-	rm -rf $(VENV) $(LOWEST) $(OUT) $(ASYNCAPI)/node_modules .kafka .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(OUT) site $(ASYNCAPI)/node_modules .kafka .pytest_cache .mypy_cache .ruff_cache

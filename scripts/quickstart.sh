@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs the README's worker quick start and then its debugging walkthrough word for word, as a
-# new user pastes them: the fenced block under "## The Kafka worker", in one bash with
-# `set -e`, then every fenced block under "### Debug an answer", each command with its exit
-# status reported (some exit non-zero on purpose, as the README says).
+# Runs the documentation's worker quick start, then its debugging walkthrough and its
+# re-drive example, word for word, as a new user pastes them: the first fenced block under
+# "## Quick start" in docs/worker.md, in one bash with `set -e`, then every fenced block under
+# "## Debug an answer" and "## Re-drive dead letters" in docs/debugging.md, each command
+# with its exit status reported (some exit non-zero on purpose, as the page says).
 #
 #   scripts/quickstart.sh WORKDIR     the broker runs from WORKDIR/kafka (KAFKA_DIR), the
 #                                     output goes to WORKDIR/quickstart.log
@@ -22,25 +23,27 @@ die() {
     exit 1
 }
 
-# The fenced blocks of the README section under heading $1 (up to the next heading of any
-# level), or only its first block with $2 = first. Lines starting with # inside a fence are
-# comments, not headings.
+# The fenced blocks of the section of page $1 under heading $2, its subsections included (up
+# to the next heading of the same level or higher), or only its first block with $3 = first.
+# Lines starting with # inside a fence are comments, not headings.
 blocks() {
-    awk -v heading="$1" -v only_first="${2:-}" '
-        !fenced && $0 == heading {inside = 1; next}
-        !fenced && inside && /^#/ {exit}
+    awk -v heading="$2" -v only_first="${3:-}" '
+        !fenced && $0 == heading {inside = 1; level = index($0, " "); next}
+        !fenced && inside && /^#+ / && index($0, " ") <= level {exit}
         inside && /^```/ {
             if (fenced && only_first) exit
             fenced = !fenced
             next
         }
-        inside && fenced' README.md
+        inside && fenced' "$1"
 }
 
-worker_block=$(blocks '## The Kafka worker' first)
-[[ -n $worker_block ]] || die "no fenced block under '## The Kafka worker' in README.md"
-walkthrough=$(blocks '### Debug an answer: replay, compare, explain')
-[[ -n $walkthrough ]] || die "no fenced block under '### Debug an answer' in README.md"
+worker_block=$(blocks docs/worker.md '## Quick start' first)
+[[ -n $worker_block ]] || die "no fenced block under '## Quick start' in docs/worker.md"
+walkthrough=$(blocks docs/debugging.md '## Debug an answer')
+[[ -n $walkthrough ]] || die "no fenced block under '## Debug an answer' in docs/debugging.md"
+redrive=$(blocks docs/debugging.md '## Re-drive dead letters')
+[[ -n $redrive ]] || die "no fenced block under '## Re-drive dead letters' in docs/debugging.md"
 
 export KAFKA_DIR=$WORKDIR/kafka  # the Makefile's broker directory
 export TMPDIR=$WORKDIR/tmp       # where the worker's temp dir would be left
@@ -57,7 +60,7 @@ script=$WORKDIR/quickstart.bash
     echo "$worker_block"
     echo 'set +e'
     # One command a line: continuation lines joined, comments and blank lines left out.
-    sed -e ':join' -e '/\\$/{N;s/\\\n//;b join' -e '}' <<<"$walkthrough" |
+    sed -e ':join' -e '/\\$/{N;s/\\\n//;b join' -e '}' <<<"$walkthrough"$'\n'"$redrive" |
         grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' |
         while IFS= read -r command; do
             printf '%s\n' "$command"
@@ -73,4 +76,4 @@ cat "$log"
 ((status == 0)) || die "the quick start failed (exit $status)"
 ! grep -q $'\x1b' "$log" || die "terminal escape codes in the output"
 ! compgen -G "$TMPDIR/context-assembler-faust-*" >/dev/null || die "the worker left its temp dir"
-echo "quickstart.sh: the README's worker quick start and debugging walkthrough ran"
+echo "quickstart.sh: the worker quick start, the debugging walkthrough and the re-drive ran"

@@ -1,7 +1,8 @@
-"""A new user's first run, on a real broker: topics, produce, the worker, and the README.
+"""A new user's first run, on a real broker: topics, produce, the worker, and the docs.
 
-The README's worker quick start is run word for word by scripts/quickstart.sh, on a broker
-of its own (as `make broker-start` starts it), so the README stays true.
+The worker quick start (docs/worker.md) and the walkthroughs of docs/debugging.md are run word
+for word by scripts/quickstart.sh, on a broker of its own (as `make broker-start` starts it),
+so the pages stay true.
 """
 
 from __future__ import annotations
@@ -162,10 +163,11 @@ def faust_dirs(temp: Path) -> list[Path]:
     return list(temp.glob("context-assembler-faust-*"))
 
 
-def test_the_readme_quick_start_works_word_for_word(tmp_path: Path) -> None:
-    """The worker block pasted whole, then the debugging walkthrough, on a broker of its own
-    started by `make broker-start` as a new user would: each visibly succeeds (or fails on
-    purpose where the README says so), and the worker's lines are few, none above INFO."""
+def test_the_docs_worker_quick_start_and_walkthroughs_work_word_for_word(tmp_path: Path) -> None:
+    """The worker block pasted whole, then the debugging and re-drive walkthroughs, on a broker
+    of its own started by `make broker-start` as a new user would: each visibly succeeds (or
+    fails on purpose where the page says so), and the worker's lines are few, none above
+    INFO."""
     env = {name: value for name, value in os.environ.items()
            if not name.startswith(("ASSEMBLER_", "KAFKA_DIR", "VIRTUAL_ENV"))}
     # The venv is this one, already installed: make must not reinstall it under other tests.
@@ -182,20 +184,42 @@ def test_the_readme_quick_start_works_word_for_word(tmp_path: Path) -> None:
     assert sorted(line.split()[0] for line in tailed) == sorted(EXAMPLE_IDS)
 
     logged = [json.loads(line) for line in lines if line.startswith('{"time"')]
-    (summary,) = [e for e in logged if e["logger"] == "context_assembler.observability.summary"]
+    first_run = logged[:[e["message"] for e in logged].index("stopped") + 1]
+    (summary,) = [e for e in first_run if e["logger"] == "context_assembler.observability.summary"]
     assert summary["message"].startswith("assembled 8 events: 8 prompts (")
     assert (summary["prompts"], summary["dead_letters"]) == (8, {})
-    assert logged[0]["message"].startswith("starting on 127.0.0.1:")
-    assert logged[-1]["message"] == "stopped"
-    assert {e["level"] for e in logged} == {"INFO"}, output
-    assert len(logged) <= 8, output
+    assert first_run[0]["message"].startswith("starting on 127.0.0.1:")
+    assert {e["level"] for e in first_run} == {"INFO"}, output
+    assert len(first_run) <= 8, output
     assert "ERROR" not in output
 
     statuses = [line.split(": ", 2)[1:] for line in lines if line.startswith("quickstart: exit")]
-    assert [(int(s.removeprefix("exit ")), command.split()[1]) for s, command in statuses] == [
-        (0, "explain"), (0, "replay"), (1, "replay"), (2, "replay"), (0, "replay")], output
+    assert [(int(status.removeprefix("exit ")), what(command)) for status, command in statuses] == [
+        (0, "explain"), (0, "replay"), (1, "replay"), (2, "replay"), (0, "replay"),
+        (0, "sed"), (0, "worker"), (0, "produce"), (0, "tail"), (0, "kill"), (0, "redrive"),
+        (0, "redrive")], output
     assert "request q30-customer | policy default" in output
     assert "replayed 8 events (0 rejected): 8 identical, 0 different, 0 not published" in lines
     assert "q30-customer (retrieval.results/0/0): different" in lines
     assert any(line.startswith("context-assembler: nothing to replay: no event on "
                                "retrieval.results from 2000-01-01T00:00:00.000Z") for line in lines)
+
+    # The re-drive walkthrough: the request naming a policy not allowed is dead-lettered (the
+    # second worker warns of it once), then listed and sent back.
+    assert ("answered 1 events: 0 prompts on prompts.assembled, 1 dead letters on "
+            "retrieval.results.dlq") in lines, output
+    assert any(line.startswith("q30-customer  RejectedInput.policy: policy 'window-8k' is not "
+                               "allowed here") for line in lines), output
+    second_run = logged[len(first_run):]
+    assert [e["message"] for e in second_run if e["level"] != "INFO"] == [
+        "rejected input: policy 'window-8k' is not allowed here; allowed: default"], output
+    assert second_run[-1]["message"] == "stopped"
+    assert ("would re-drive 1 dead letters to retrieval.results (dry run: --yes sends them); "
+            "next run: --from 0:1") in lines, output
+    assert "re-drove 1 dead letters to retrieval.results; next run: --from 0:1" in lines, output
+
+
+def what(command: str) -> str:
+    """The command a walkthrough line runs: `context-assembler replay ...` -> replay."""
+    words = command.split()
+    return words[1] if words[0] == "context-assembler" else words[0]
