@@ -119,7 +119,7 @@ def entry_points(k8s: Path) -> dict[str, Path]:
 
 def renders(k8s: Path, work: Path) -> dict[str, list[Object]]:
     """Each entry point's objects, alone and with each component it does not name itself
-    (written as a user's kustomization next to the others, under `work`)."""
+    (through a kustomization under `work` listing both, as a user's would)."""
     components = sorted(path.parent for path in (k8s / "components").glob("*/kustomization.yaml"))
     rendered: dict[str, list[Object]] = {}
     for name, entry in entry_points(k8s).items():
