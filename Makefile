@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test test-unit test-lowest lint docs check check-deploy prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo test test-unit test-lowest lint docs check check-deploy check-kubeconform prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,15 +52,30 @@ docs: $(BIN)/context-assembler  ## the user documentation, built strictly into s
 
 # The operations artefacts, by their own ecosystems' tools: promtool (Debian's `prometheus`
 # package) checks the alert rules and runs their unit tests; the AsyncAPI parser (pinned in
-# tools/asyncapi/package-lock.json, installed by `npm ci`) validates schemas/asyncapi.yaml.
+# tools/asyncapi/package-lock.json, installed by `npm ci`) validates schemas/asyncapi.yaml;
+# kubeconform validates the Kubernetes manifests (check-kubeconform).
 ASYNCAPI := tools/asyncapi
-check-deploy: $(ASYNCAPI)/node_modules/.package-lock.json  ## promtool and AsyncAPI checks
+check-deploy: $(ASYNCAPI)/node_modules/.package-lock.json check-kubeconform  ## promtool, AsyncAPI, kubeconform
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts.test.yaml
 	node $(ASYNCAPI)/validate.mjs schemas/asyncapi.yaml
 
 $(ASYNCAPI)/node_modules/.package-lock.json: $(ASYNCAPI)/package.json $(ASYNCAPI)/package-lock.json
 	cd $(ASYNCAPI) && npm ci --ignore-scripts --no-audit --no-fund --silent
+
+# kubeconform -strict over every object deploy/k8s renders (each entry point, alone and with
+# each component), CRDs included, against offline schemas (tests/deploy/kubeconform.py says
+# which). Built at the pinned version from the Go module proxy into .tools/.
+# `make check-kubeconform K8S_DIR=path` checks a copy of deploy/k8s instead.
+KUBECONFORM_VERSION := v0.8.0
+KUBECONFORM := .tools/kubeconform-$(KUBECONFORM_VERSION)/kubeconform
+GO ?= $(firstword $(shell command -v go) /usr/local/go/bin/go)
+K8S_DIR ?= deploy/k8s
+check-kubeconform: $(KUBECONFORM) $(BIN)/context-assembler  ## kubeconform over the k8s manifests
+	$(BIN)/python -m tests.deploy.kubeconform --kubeconform $(KUBECONFORM) $(K8S_DIR)
+
+$(KUBECONFORM):
+	GOBIN=$(abspath $(@D)) $(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
 
 # The PrometheusRule carries alerts.yaml's groups as they stand: its own header (up to `spec:`),
 # then alerts.yaml from `groups:` on, indented under `spec:`.
@@ -98,4 +113,4 @@ broker-stop:
 	bash scripts/kafka.sh stop $(KAFKA_DIR)
 
 clean:
-	rm -rf $(VENV) $(LOWEST) $(OUT) site $(ASYNCAPI)/node_modules .kafka .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(OUT) site $(ASYNCAPI)/node_modules .tools .kafka .pytest_cache .mypy_cache .ruff_cache

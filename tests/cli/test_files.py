@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,29 @@ def test_explain_refuses_an_audit_of_another_event(tmp_path: Path, capsys: pytes
     audit.write_text('{"request_id": 5}\n')
     assert main(["explain", "r1", "--events", str(events), "--audit", str(audit)]) == 2
     assert f"{audit}:1: not an AssemblyAudit" in capsys.readouterr().err
+
+
+def test_explain_refuses_an_over_long_audit_line_by_number_without_holding_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events, audit = tmp_path / "events.jsonl", tmp_path / "audit.jsonl"
+    events.write_bytes(event_line())
+    assert main(["assemble", str(events), "--out", os.devnull, "--audit", str(audit)]) == 0
+    bound = 1 << 20
+    huge = b'{"request_id": "' + b"r" * (16 * bound) + b'"}'
+    with audit.open("ab") as stream:  # an untrusted audit file: its second line is 16 MiB
+        stream.write(huge + b"\n")
+    tracemalloc.start()
+    try:
+        status = main(["explain", "r1", "--events", str(events), "--audit", str(audit),
+                       "--max-event-bytes", str(bound)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert status == 2
+    err = capsys.readouterr().err
+    assert f"{audit}:2: the line is {len(huge)} bytes, over --max-event-bytes={bound}" in err
+    assert peak < 4 * bound, f"{peak} bytes held to refuse a line of {len(huge)}"
 
 
 def test_sweep_names_charts_safely_and_checks_its_budgets(tmp_path: Path) -> None:

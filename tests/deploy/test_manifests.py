@@ -34,6 +34,7 @@ from context_assembler.kafka.settings import Settings
 from context_assembler.kafka.topics import worker_topics
 from context_assembler.observability.tracing import ENDPOINT_VARIABLE
 from tests.deploy import kustomize
+from tests.deploy.kubeconform import KUBERNETES_VERSIONS, strict_schema
 from tests.deploy.kustomize import Object
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,8 +71,6 @@ APP_LABEL = ("app.kubernetes.io/name", "context-assembler")
 #: The partition-count annotation on the KEDA ScaledObject (the k8s-side record
 #: of how many partitions maxReplicaCount was sized for).
 PARTITIONS_ANNOTATION = "context-assembler/input-partitions"
-#: Kubernetes versions whose schemas the built-in objects must satisfy.
-K8S_SCHEMA_VERSIONS: tuple[str, ...] = ("1.30", "1.33")
 #: Issue 13's measurement: one replica keeping up at 200 events/s showed a committed lag of at
 #: most 217 (offsets are committed after delivery); at the ~400 events/s one worker sustains,
 #: twice that. A lagThreshold at or below it would add replicas to a group that keeps up.
@@ -188,24 +187,10 @@ def _memory_mib(quantity: str) -> float:
     return float(match.group(1)) * units[match.group(2)]
 
 
-def _strict(schema: Any) -> Any:
-    """An OpenAPI schema that refuses unknown fields, as `kubectl apply` (strict field
-    validation) does, where the CRD lists an object's properties and allows no others."""
-    if isinstance(schema, list):
-        return [_strict(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    strict = {key: _strict(value) for key, value in schema.items()}
-    if ("properties" in schema and "additionalProperties" not in schema
-            and not schema.get("x-kubernetes-preserve-unknown-fields")):
-        strict["additionalProperties"] = False
-    return strict
-
-
 def _keda_validator() -> jsonschema.Draft7Validator:
     (crd,) = kustomize.load_yaml(SCHEMAS / "keda.sh_scaledobjects.yaml")
     (version,) = (v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
-    return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
+    return jsonschema.Draft7Validator(strict_schema(version["schema"]["openAPIV3Schema"]))
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -368,7 +353,7 @@ def test_builtin_objects_match_kubernetes_schemas(objects: list[Object]) -> None
     for obj in objects:
         if obj["kind"] in KEDA_KINDS:
             continue
-        for version in K8S_SCHEMA_VERSIONS:
+        for version in KUBERNETES_VERSIONS:
             # strict: unknown fields (typos such as `readinesProbe`) are errors too.
             kv.validate(obj, version, strict=True)
 
@@ -378,11 +363,11 @@ def test_schema_validation_is_not_vacuous(workload: Object) -> None:
     broken = json.loads(json.dumps(workload))
     broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
     with pytest.raises(kv.ValidationError):
-        kv.validate(broken, K8S_SCHEMA_VERSIONS[0], strict=True)
+        kv.validate(broken, KUBERNETES_VERSIONS[0], strict=True)
     broken = json.loads(json.dumps(workload))
     broken["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
     with pytest.raises(kv.ValidationError):
-        kv.validate(broken, K8S_SCHEMA_VERSIONS[0], strict=True)
+        kv.validate(broken, KUBERNETES_VERSIONS[0], strict=True)
 
 
 def test_scaled_object_matches_kedas_crd(k8s: dict[str, Object]) -> None:

@@ -9,6 +9,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_assembler.kafka import run
+from context_assembler.kafka.settings import Settings
+from context_assembler.observability import logs
 
 
 def worker(**settings: str) -> subprocess.CompletedProcess[str]:
@@ -39,6 +46,27 @@ def test_a_policy_typo_names_the_setting_the_key_and_the_closest_valid_key(
     assert message.startswith("cannot start: ASSEMBLER_POLICY_FILE")
     assert message.endswith("dedup.near_treshold: unknown key in section [dedup]; did you mean "
                             "'near_threshold'?")
+
+
+@pytest.mark.parametrize(("settings", "culprit"), [
+    ({"policy_file": "no-such-policy"}, "ASSEMBLER_POLICY_FILE"),
+    ({"policy_file": "window-8k", "allowed_policies": ("no-such-policy",)},
+     "ASSEMBLER_ALLOWED_POLICIES"),
+    ({"allowed_policies": ("estimated",)}, "ASSEMBLER_ALLOWED_POLICIES"),  # counts by estimate
+    ({"policy_file": "window-8k", "allowed_policies": ("window-8k",)},  # the service's name
+     "ASSEMBLER_ALLOWED_POLICIES"),
+], ids=["policy-file", "allowed-missing", "allowed-estimator", "allowed-clash"])
+def test_a_bad_policy_names_only_the_variable_that_holds_it(
+    settings: dict[str, Any], culprit: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(logs, "configure", lambda level: None)  # keep pytest's log capture
+    monkeypatch.setattr(run, "EventRunner", None)  # joining would call it: it must not be reached
+    assert run.run_worker(Settings(**settings)) == 2
+    (message,) = caplog.messages
+    assert message.startswith(f"cannot start: {culprit}: ")
+    other = ({"ASSEMBLER_POLICY_FILE", "ASSEMBLER_ALLOWED_POLICIES"} - {culprit}).pop()
+    assert other not in message
 
 
 def test_a_port_in_use_stops_the_worker_naming_the_setting() -> None:

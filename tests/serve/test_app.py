@@ -29,7 +29,7 @@ from context_assembler.intake.codec import Limits
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry, build_registry
 from context_assembler.observability.tracing import Tracing
-from context_assembler.serve.app import JSON, MESSAGE_CHARS, Server, Service, body
+from context_assembler.serve.app import JSON, MESSAGE_CHARS, QUOTED_CHARS, Server, Service, body
 from tests.factories import EXAMPLES
 from tests.test_layers import PROJECT_IMPORTS
 
@@ -245,6 +245,30 @@ async def test_a_valid_traceparent_comes_back_and_a_forged_one_does_not(
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     assert (await post(url, GOOD, traceparent=trace))[2]["traceparent"] == trace
     assert "traceparent" not in (await post(url, GOOD, traceparent="00-not-a-trace"))[2]
+
+
+@pytest.mark.parametrize(("method", "path", "status", "allow", "said"), [
+    ("GET", "/v2/assemble", 404, None, "no such path '/v2/assemble'; paths: /health, /metrics, "
+                                       "/openapi.json, /ready, /v1/assemble"),
+    ("GET", "/" + "x" * 5000, 404, None, f"no such path '/{'x' * (QUOTED_CHARS - 1)}... (5001"),
+    ("GET", "/v1/assemble", 405, "POST", "GET is not allowed on /v1/assemble; allowed: POST"),
+    ("POST", "/health", 405, "GET,HEAD", "POST is not allowed on /health; allowed: GET, HEAD"),
+], ids=["unknown-path", "long-path", "get-assemble", "post-health"])
+async def test_unknown_paths_and_methods_are_answered_in_json(
+    served: tuple[Service, str], method: str, path: str, status: int, allow: str | None,
+    said: str,
+) -> None:
+    _, url = served
+    async with aiohttp.ClientSession() as session, session.request(
+        method, f"{url}{path}"
+    ) as response:
+        assert response.status == status
+        assert response.content_type == JSON
+        assert response.headers.get("Allow") == allow
+        error = json.loads(await response.read())
+    assert set(error) == {"message"}
+    assert error["message"].startswith(said)
+    assert len(error["message"]) < 2 * QUOTED_CHARS + 100  # the client's path, cut
 
 
 def test_the_openapi_document_names_the_contracts_models() -> None:

@@ -24,6 +24,7 @@ from context_assembler.cli.common import (
 from context_assembler.contract.models import AssemblyAudit, RetrievalResult
 from context_assembler.diagnose.explain import (
     SEED_BUDGETS,
+    UnusableInput,
     decision_table,
     printable,
     sweep,
@@ -97,14 +98,17 @@ def _selected_events(
         raise NotFound(f"request {args.request_id!r} {where} in {args.events}")
 
 
-def _recorded_audits(path: str) -> dict[str, AssemblyAudit]:
-    """request_id -> the last audit recorded for it in an audit JSONL file."""
+def _recorded_audits(path: str, max_bytes: int) -> dict[str, AssemblyAudit]:
+    """request_id -> the last audit recorded for it in an audit JSONL file. The file is
+    untrusted: a line over `max_bytes` is refused by its number, never held whole."""
     audits: dict[str, AssemblyAudit] = {}
     with file_errors(path), open(path, "rb") as stream:
-        for number, line in enumerate(stream, start=1):
-            if line.strip():
-                audit = parse_audit(line, f"{path}:{number}")
-                audits[audit.request_id] = audit
+        for number, line in filemode.read_lines(stream, max_bytes):
+            if isinstance(line, Excerpt):
+                raise UnusableInput(f"{path}:{number}: the line is {line.length} bytes, over "
+                                    f"--max-event-bytes={max_bytes}")
+            audit = parse_audit(line, f"{path}:{number}")
+            audits[audit.request_id] = audit
     return audits
 
 
@@ -112,7 +116,7 @@ def _recorded_audits(path: str) -> dict[str, AssemblyAudit]:
 def cmd_explain(args: argparse.Namespace) -> int:
     """The decisions for the events of --events: recorded in --audit, or assembled now."""
     registry = build_registry(args.policy, args.allow_policy)
-    recorded = _recorded_audits(args.audit) if args.audit else {}
+    recorded = _recorded_audits(args.audit, args.max_event_bytes) if args.audit else {}
     for event, policy in _selected_events(args, registry):
         audit = recorded.get(event.request_id) or assemble(event, policy).audit
         if args.audit and event.request_id not in recorded:

@@ -9,7 +9,7 @@ import tempfile
 
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.engine.policy import Policy
-from context_assembler.intake.policies import build_registry
+from context_assembler.intake.policies import PolicyRegistry, load_policy, warm_tokenizers
 from context_assembler.intake.recorded import registry_policies
 from context_assembler.kafka.connection import kafka_security, start_up_problem
 from context_assembler.kafka.policies import Recording, publish_at_start
@@ -26,10 +26,18 @@ log = logging.getLogger(__name__)
 
 def run_worker(settings: Settings, handler: Handler = handle) -> int:
     logs.configure(settings.log_level)
-    try:  # a bad policy or a missing vocabulary stops the worker before it joins the group
-        registry = build_registry(settings.policy_file, settings.allowed_policies)
+    # A bad policy or a missing vocabulary stops the worker before it joins the group, naming
+    # the setting that holds it: the service policy is loaded (and its tokenizers) first.
+    try:
+        service = load_policy(settings.policy_file)
+        warm_tokenizers(service)
     except ContextAssemblerError as error:
-        log.error("cannot start: ASSEMBLER_POLICY_FILE or ASSEMBLER_ALLOWED_POLICIES: %s", error)
+        log.error("cannot start: ASSEMBLER_POLICY_FILE: %s", error)
+        return 2
+    try:
+        registry = PolicyRegistry(service, map(load_policy, settings.allowed_policies))
+    except ContextAssemblerError as error:
+        log.error("cannot start: ASSEMBLER_ALLOWED_POLICIES: %s", error)
         return 2
     problem = _start_up_problem(settings)
     if problem:

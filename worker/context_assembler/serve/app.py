@@ -11,8 +11,9 @@ arrive, not by how many requests are reading, so a client that stalls holds only
 sent; a body must arrive within `body_timeout` of its head (else 408) and its answer be read
 within as long again (else the connection is closed), and a connection must send a complete
 request head within `idle_timeout` of opening or of its last response (else it is closed).
-Every answer, aiohttp's own 400s included, is JSON in one shape, and quotes an untrusted
-string only cut to a fixed length.
+Every answer, aiohttp's own 400s included, is JSON in one shape (its 404 and 405, like the
+503, carry only the shape's `message`), and quotes an untrusted string only cut to a fixed
+length.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Final, cast
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge
 
 from context_assembler.contract.generate import openapi
@@ -384,10 +386,28 @@ class Endpoint:
         self._executor.shutdown(wait=True)
 
 
+@web.middleware
+async def json_routing_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's answers to an unknown path (404) and a method a path does not take (405) in
+    the API's JSON, as the busy answer: `{"message": ...}`, the field every error body has."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        paths = sorted(resource.canonical for resource in request.app.router.resources())
+        message = f"no such path {_cut(request.path, QUOTED_CHARS)!r}; paths: {', '.join(paths)}"
+        return web.json_response({"message": message}, status=404)
+    except web.HTTPMethodNotAllowed as error:
+        allowed = sorted(error.allowed_methods)
+        message = (f"{_cut(request.method, QUOTED_CHARS)} is not allowed on {request.path}; "
+                   f"allowed: {', '.join(allowed)}")
+        return web.json_response({"message": message}, status=405,
+                                 headers={hdrs.ALLOW: ",".join(allowed)})
+
+
 def build_app(service: Service) -> web.Application:
     """The application; its engine thread stops on cleanup."""
     endpoint = Endpoint(service)
-    app = web.Application()
+    app = web.Application(middlewares=[json_routing_errors])
     app.router.add_post(ASSEMBLE_PATH, endpoint.assemble)
     app.router.add_get("/metrics", endpoint.metrics)
     app.router.add_get("/health", endpoint.health)
