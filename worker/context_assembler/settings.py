@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from copy import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
 
 from pydantic import (
     Field,
@@ -103,12 +103,12 @@ class Settings(BaseSettings):
         description="The consumer group: workers of one group split the input partitions.")
     # Policies and the limits on events: every command that assembles reads them.
     policy_file: Annotated[str | None, Flag("--policy")] = Field(
-        default=None, description="The service policy: a TOML file or a preset name. "
-        "Default: the default preset.")
+        default=None, description="The service policy: a TOML file or a preset name; unset: "
+        "the default preset.")
     allowed_policies: Annotated[tuple[str, ...], NoDecode, Flag("--allow-policy", True)] = Field(
         default=(),
         description="Policies (preset names or TOML files) a request may name: comma-separated "
-        "in the variable, one per flag. Default: none, so a request naming any policy other "
+        "in the variable, one per flag. Unset: none, so a request naming any policy other "
         "than the service's is rejected.",
     )
     max_event_bytes: Annotated[int, Flag("--max-event-bytes")] = _limit(
@@ -131,7 +131,7 @@ class Settings(BaseSettings):
         default=None,
         description="exactly_once only: the prefix of the transactional ids, one per input "
         "partition (<prefix>-<topic>-<partition>), the same on every replica, so that a "
-        "partition's next owner fences its previous one. Default: the group id.",
+        "partition's next owner fences its previous one. Unset: the group id.",
     )
     http_host: Annotated[str, Flag("--http-host")] = Field(
         default="127.0.0.1",
@@ -171,8 +171,7 @@ class Settings(BaseSettings):
         description="Static group membership (KIP-345), unique and stable per replica (a "
         "StatefulSet pod's name): restarted within the session timeout, the replica gets its "
         "partitions back without a group-wide rebalance; killed, it holds them that long; "
-        "stopped (SIGTERM) it leaves the group at once. Default (or empty): none, a dynamic "
-        "member.",
+        "stopped (SIGTERM) it leaves the group at once. Unset (or empty): a dynamic member.",
     )
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], Flag("--log-level")] = Field(
         default="INFO", description="JSON log lines on stderr at this level and above.")
@@ -410,22 +409,28 @@ def load_settings(flags: Mapping[str, Any] | None = None, command: str | None = 
 # The reference, docs/settings.md, generated from the model.
 
 
-def _type_of(field: FieldInfo) -> str:
-    annotation = field.annotation
-    if annotation is None:
-        return ""
-    shown = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    text = shown or str(annotation)
-    for noise in ("typing.", "pathlib.", "pydantic.types.", "NoneType"):
-        text = text.replace(noise, "None" if noise == "NoneType" else "")
-    return text.replace("tuple[str, ...]", "list of str")
+_TYPE_NAMES: Final[Mapping[object, str]] = {
+    str: "text", int: "whole number", float: "number", bool: "true or false",
+    Path: "file path", SecretStr: "secret text",
+}
 
 
-def _default_of(field: FieldInfo) -> str:
+def _type_of(annotation: object) -> str:
+    """A setting's type in an operator's words."""
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
+    if get_origin(annotation) is tuple:
+        return f"list of {_type_of(get_args(annotation)[0])}"
+    given = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if len(given) == 1:  # X | None: unset is shown as the default
+        return _type_of(given[0])
+    return _TYPE_NAMES[annotation]
+
+
+def shown_default(field: FieldInfo) -> str:
+    """A setting's default as its help and the reference show it."""
     default = field.get_default()
-    if default is None or default == ():
-        return "(none)"
-    return str(default)
+    return "unset" if default in (None, ()) else str(default)
 
 
 def _readers(name: str) -> str:
@@ -441,8 +446,8 @@ def _rows() -> Iterator[str]:
         flag = flag_of(name)
         option = f"`{flag.option}`" + (" (repeatable)" if flag.repeatable else "") if flag else "-"
         yield "| " + " | ".join([
-            f"`{variable_of(name)}`", option, _cell(f"`{_type_of(field)}`"),
-            _cell(f"`{_default_of(field)}`"), _cell(field.description or ""),
+            f"`{variable_of(name)}`", option, _type_of(field.annotation),
+            _cell(f"`{shown_default(field)}`"), _cell(field.description or ""),
             _readers(name),
         ]) + " |"
 

@@ -13,15 +13,24 @@ import io
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import BinaryIO, Final, TypeVar
+from typing import BinaryIO, Final, Literal, TypeVar, get_args, get_origin
 
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from context_assembler import filemode
 from context_assembler.contract.models import AssemblyAudit
 from context_assembler.diagnose.explain import UnusableInput, printable
 from context_assembler.engine.errors import ContextAssemblerError
-from context_assembler.settings import COMMANDS, Settings, flag_of, load_settings, variable_of
+from context_assembler.settings import (
+    COMMANDS,
+    Flag,
+    Settings,
+    flag_of,
+    load_settings,
+    shown_default,
+    variable_of,
+)
 
 _Number = TypeVar("_Number", int, float)
 
@@ -125,15 +134,20 @@ def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
         if flag is None:
             continue
         field = Settings.model_fields[name]
-        default = field.get_default()
-        shown = "none" if default in (None, ()) else default
+        about = f"{field.description} ({variable_of(name)}; default: {shown_default(field)})"
         parser.add_argument(
             flag.option, dest=name, default=argparse.SUPPRESS,
             action="append" if flag.repeatable else "store",
-            metavar=flag.option.lstrip("-").replace("-", "_").upper(),
-            help=f"{field.description} ({variable_of(name)}; default: {shown})".replace(
-                "%", "%%"),
+            metavar=_metavar(flag, field),
+            help=about.replace("%", "%%"),  # argparse formats help with %
         )
+
+
+def _metavar(flag: Flag, field: FieldInfo) -> str:
+    """The choices of a setting that has a few, else its flag's name in capitals."""
+    if get_origin(field.annotation) is Literal:
+        return "{" + ",".join(get_args(field.annotation)) + "}"
+    return flag.option.lstrip("-").replace("-", "_").upper()
 
 
 def read_settings(args: argparse.Namespace) -> Settings:

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from context_assembler.cli.common import (
     UsageError,
@@ -38,6 +38,9 @@ from context_assembler.intake.recorded import (
     read_records_file,
 )
 from context_assembler.settings import Settings
+
+if TYPE_CHECKING:
+    from context_assembler.kafka.replay.replay import ReplayReport, ReplayRequest
 
 
 @command
@@ -185,13 +188,28 @@ def topic_range(args: argparse.Namespace) -> TopicRange:
 
 @command
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    """replay's --policy is its own argument, not the policy_file setting's flag: it may
-    say `recorded`, and then the setting is the policy of events without a prompt."""
     import asyncio
     import signal
 
+    from context_assembler.kafka.replay.replay import replay
+
+    request = _replay_request(args, settings)
+
+    async def run() -> ReplayReport:
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+        return await replay(request, stop)
+
+    return _replay_summary(asyncio.run(run()), request, args.verbose)
+
+
+def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayRequest:
+    """What to replay, checked before connecting. replay's --policy is its own option, not
+    the policy_file setting's flag: it may say `recorded`, and then the setting is the
+    policy of the events without a published prompt."""
     from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.replay.replay import ReplayRequest, replay
+    from context_assembler.kafka.replay.replay import ReplayRequest
 
     span = topic_range(args)
     refuse_overlaps([], {"--out": args.out, "--audit": args.audit, "--errors": args.errors})
@@ -199,12 +217,11 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     if args.policies and not recorded:
         raise UsageError("--policies goes with --policy recorded")
     quiet_kafka_client()
-    request = ReplayRequest(
+    return ReplayRequest(
         bootstrap_servers=settings.bootstrap_servers,
         input_topic=settings.input_topic,
         prompts_topic=settings.prompts_topic,
         audit_topic=settings.audit_topic,
-        # Under the recorded policies, the operator's are for events without a prompt.
         registry=build_registry(settings.policy_file if recorded or args.replay_policy is None
                                 else args.replay_policy, settings.allowed_policies),
         limits=settings.limits,
@@ -223,31 +240,28 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         security=kafka_security(settings),
     )
 
-    async def run() -> int:
-        stop = asyncio.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
-            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-        report = await replay(request, stop)
-        rejected = sum(isinstance(r.result, str) for r in report.replayed)
-        for comparison in report.comparisons:
-            if comparison.status != "identical" or args.verbose:
-                print(comparison.render())
-        counts = {s: sum(c.status == s for c in report.comparisons)
-                  for s in ("identical", "different", "not published")}
-        summary = f"replayed {len(report.replayed)} events ({rejected} rejected)"
-        if recorded:
-            summary += (f" under the recorded policies ({report.unrecorded} without a "
-                        "published prompt, under the service policy)")
-        if request.compare:
-            summary += ": " + ", ".join(f"{n} {s}" for s, n in counts.items())
-        if report.interrupted:
-            summary += " (interrupted: the outputs hold the events replayed so far)"
-        print(summary)
-        if report.interrupted:
-            return 130
-        return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
 
-    return asyncio.run(run())
+def _replay_summary(report: ReplayReport, request: ReplayRequest, verbose: bool) -> int:
+    """Print the comparisons (the identical ones only if `verbose`) and one summary line;
+    exit 130 if interrupted, 1 if a comparison was asked for and something differs."""
+    rejected = sum(isinstance(r.result, str) for r in report.replayed)
+    for comparison in report.comparisons:
+        if comparison.status != "identical" or verbose:
+            print(comparison.render())
+    counts = {s: sum(c.status == s for c in report.comparisons)
+              for s in ("identical", "different", "not published")}
+    summary = f"replayed {len(report.replayed)} events ({rejected} rejected)"
+    if request.recorded:
+        summary += (f" under the recorded policies ({report.unrecorded} without a "
+                    "published prompt, under the service policy)")
+    if request.compare:
+        summary += ": " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    if report.interrupted:
+        summary += " (interrupted: the outputs hold the events replayed so far)"
+    print(summary)
+    if report.interrupted:
+        return 130
+    return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
 
 
 def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedPolicies:
