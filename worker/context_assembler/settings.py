@@ -62,6 +62,11 @@ def _limit(name: str, description: str) -> Any:
     return field
 
 
+def _topic(name: str, description: str) -> Any:
+    """A topic's setting: its default name (never empty) and what goes through it."""
+    return Field(default=name, min_length=1, description=description)
+
+
 def _codec_available(codec_name: str) -> bool:
     """Whether aiokafka can compress and decode `codec_name` here: the standard library has
     gzip, cramjam the others. Checked without importing the Kafka client."""
@@ -81,23 +86,19 @@ class Settings(BaseSettings):
     bootstrap_servers: Annotated[str, Flag("--bootstrap-servers")] = Field(
         default="127.0.0.1:9092", min_length=1,
         description="The Kafka brokers to connect to, comma-separated host:port pairs.")
-    input_topic: Annotated[str, Flag("--input-topic")] = Field(
-        default="retrieval.results", min_length=1,
-        description="The RetrievalResult events the worker reads.")
-    prompts_topic: Annotated[str, Flag("--prompts-topic")] = Field(
-        default="prompts.assembled", min_length=1,
-        description="Where the worker publishes each prompt.")
-    audit_topic: Annotated[str, Flag("--audit-topic")] = Field(
-        default="context.audit", min_length=1,
-        description="Where the worker publishes each prompt's audit.")
-    dlq_topic: Annotated[str, Flag("--dlq-topic")] = Field(
-        default="retrieval.results.dlq", min_length=1,
-        description="Where the worker publishes each event it cannot assemble (dead letters).")
-    policies_topic: Annotated[str, Flag("--policies-topic")] = Field(
-        default="assembler.policies", min_length=1,
-        description="Compacted: each policy the worker assembles under, keyed by its hash, "
-        "published before any event is consumed (replay --policy recorded reads it).",
-    )
+    input_topic: Annotated[str, Flag("--input-topic")] = _topic(
+        "retrieval.results", "The RetrievalResult events the worker reads.")
+    prompts_topic: Annotated[str, Flag("--prompts-topic")] = _topic(
+        "prompts.assembled", "Where the worker publishes each prompt.")
+    audit_topic: Annotated[str, Flag("--audit-topic")] = _topic(
+        "context.audit", "Where the worker publishes each prompt's audit.")
+    dlq_topic: Annotated[str, Flag("--dlq-topic")] = _topic(
+        "retrieval.results.dlq",
+        "Where the worker publishes each event it cannot assemble (dead letters).")
+    policies_topic: Annotated[str, Flag("--policies-topic")] = _topic(
+        "assembler.policies",
+        "Compacted: each policy the worker assembles under, keyed by its hash, published "
+        "before any event is consumed (replay --policy recorded reads it).")
     group_id: Annotated[str, Flag("--group-id")] = Field(
         default="context-assembler", min_length=1,
         description="The consumer group: workers of one group split the input partitions.")
