@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from context_assembler.settings import (
     flag_of,
     load_settings,
     reference,
+    variable_of,
 )
+from tests.factories import EXAMPLES
 
 REPO = Path(__file__).resolve().parent.parent
 # Each command as typed, with what it needs to parse (`command` -> its argv up to the flags).
@@ -114,6 +117,17 @@ def test_a_bad_flag_is_a_usage_error_naming_the_flag_and_the_variable(
     assert "ASSEMBLER_INPUT_TOPIC (--topic): " in capsys.readouterr().err
 
 
+def test_a_bad_variable_stops_a_file_command_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ASSEMBLER_MAX_CHUNKS", "many")
+    assert main(["assemble", "--out", "-"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "context-assembler: invalid settings: ASSEMBLER_MAX_CHUNKS (--max-chunks): ")
+    events = str(EXAMPLES / "events.jsonl")
+    assert main(["assemble", events, "--out", os.devnull, "--max-chunks", "2000"]) == 0
+
+
 def test_topics_must_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASSEMBLER_DLQ_TOPIC", "retrieval.results")
     with pytest.raises(SettingsError, match="must differ"):
@@ -148,11 +162,13 @@ def test_every_command_parser_is_described_here() -> None:
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_each_flag_of_a_setting_is_read_through_the_one_model(command: str) -> None:
+def test_each_flag_of_a_setting_is_read_through_the_one_model(
+    command: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Every option whose dest is a setting was made from the model, for the settings the
-    command reads; and each such flag, given, sets its setting."""
-    made = {flag_of(name, command).option: name  # type: ignore[union-attr]
-            for name in COMMANDS[command] if flag_of(name, command) is not None}
+    command reads; each such flag, given, sets its setting as its variable would."""
+    flags = {name: flag_of(name, command) for name in COMMANDS[command]}
+    made = {flag.option: name for name, flag in flags.items() if flag is not None}
     settings_options = {option: dest for option, dest in options(command).items()
                         if dest in Settings.model_fields}
     assert settings_options == made
@@ -160,9 +176,9 @@ def test_each_flag_of_a_setting_is_read_through_the_one_model(command: str) -> N
         value = sample(name)
         given = read_settings(parsed(command, option, value))
         assert getattr(given, name) != Settings.model_fields[name].get_default(), option
-        from_variable = load_settings({name: [value] if flag_of(name, command).repeatable  # type: ignore[union-attr]
-                                       else value})
-        assert getattr(given, name) == getattr(from_variable, name), option
+        monkeypatch.setenv(variable_of(name), value)
+        assert getattr(given, name) == getattr(load_settings(), name), option
+        monkeypatch.delenv(variable_of(name))
 
 
 def test_the_documented_flags_are_settings() -> None:
