@@ -80,6 +80,8 @@ def _codec_available(codec_name: str) -> bool:
 
 
 class Settings(BaseSettings):
+    """Every setting of every command; each command reads those COMMANDS names."""
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
     # Kafka: where, and which topics and group.
