@@ -108,7 +108,9 @@ class Settings(BaseSettings):
     policy_file: Annotated[str | None, Flag("--policy")] = Field(
         default=None, description="The service policy: a TOML file or a preset name; unset: "
         "the default preset.")
-    allowed_policies: Annotated[tuple[str, ...], NoDecode, Flag("--allow-policy", True)] = Field(
+    allowed_policies: Annotated[
+        tuple[str, ...], NoDecode, Flag("--allow-policy", repeatable=True)
+    ] = Field(
         default=(),
         description="Policies (preset names or TOML files) a request may name: comma-separated "
         "in the variable, one per flag. Unset: none, so a request naming any policy other "
