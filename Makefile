@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test test-unit test-lowest lint docs check check-deploy check-kubeconform prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo test test-unit test-lowest lint docs docs-settings check check-deploy check-kubeconform prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,9 @@ prometheus-rule: deploy/prometheus/alerts.yaml  ## rewrite the PrometheusRule fr
 
 schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
 	$(BIN)/python -m context_assembler.contract.generate
+
+docs-settings: $(BIN)/context-assembler  ## regenerate docs/settings.md from the settings model
+	$(BIN)/python -m context_assembler.settings docs/settings.md
 
 bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline; cost against chunk count
 	$(BIN)/python -m bench.engine_bench

@@ -9,7 +9,7 @@ import sys
 
 from context_assembler.kafka import faust_app
 from context_assembler.kafka.run import run_worker
-from context_assembler.kafka.settings import load_settings
+from context_assembler.settings import load_settings
 
 if __name__ == "__main__":
     faust_app.COMMIT_ON_DELIVERY = False

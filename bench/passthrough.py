@@ -9,7 +9,7 @@ import sys
 
 from context_assembler.kafka.records import HandlerContext, Origin, Outcome, OutRecord
 from context_assembler.kafka.run import run_worker
-from context_assembler.kafka.settings import load_settings
+from context_assembler.settings import load_settings
 
 
 def passthrough(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:

@@ -14,7 +14,7 @@ import signal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from context_assembler.kafka.settings import load_settings
+from context_assembler.settings import load_settings
 
 BATCH_BYTES = 1_048_576
 LINGER_MS = 5

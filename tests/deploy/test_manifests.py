@@ -30,9 +30,9 @@ import yaml
 
 from bench.memory_bench import LIMIT_MB
 from context_assembler.intake.policies import load_policy
-from context_assembler.kafka.settings import Settings
 from context_assembler.kafka.topics import worker_topics
 from context_assembler.observability.tracing import ENDPOINT_VARIABLE
+from context_assembler.settings import Settings
 from tests.deploy import kustomize
 from tests.deploy.kubeconform import KUBERNETES_VERSIONS, strict_schema
 from tests.deploy.kustomize import Object

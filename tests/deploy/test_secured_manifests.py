@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from context_assembler.kafka.settings import Settings, security_problems
+from context_assembler.settings import Settings, security_problems
 from tests.deploy import kustomize
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"

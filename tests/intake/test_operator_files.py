@@ -198,8 +198,8 @@ def test_a_tokenizer_without_an_unknown_token_is_refused_at_load(
 def test_the_worker_refuses_to_start_under_such_a_tokenizer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from context_assembler.kafka import run
-    from context_assembler.kafka.settings import Settings
     from context_assembler.observability import logs
+    from context_assembler.settings import Settings
 
     monkeypatch.setattr(logs, "configure", lambda level: None)  # keep pytest's log capture
     monkeypatch.setattr(run, "EventRunner", None)  # joining would call it: it must not be reached

@@ -120,8 +120,8 @@ def test_the_cli_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFix
 def test_the_worker_exits_before_joining(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          caplog: pytest.LogCaptureFixture) -> None:
     from context_assembler.kafka import run
-    from context_assembler.kafka.settings import Settings
     from context_assembler.observability import logs
+    from context_assembler.settings import Settings
 
     monkeypatch.setattr(logs, "configure", lambda level: None)  # keep pytest's log capture
     monkeypatch.setattr(run, "EventRunner", None)  # joining would call it: it must not be reached

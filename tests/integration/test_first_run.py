@@ -19,8 +19,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from context_assembler.kafka.settings import Settings
 from context_assembler.kafka.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
+from context_assembler.settings import Settings
 from tests.support.broker import Broker
 from tests.support.worker import Topics, WorkerProcess
 

@@ -11,7 +11,7 @@ import yaml
 
 from context_assembler.cli.main import main
 from context_assembler.kafka.acls import worker_acls
-from context_assembler.kafka.settings import Settings
+from context_assembler.settings import Settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "secured-cluster.md"
 

@@ -11,7 +11,7 @@ import faust
 import pytest
 
 from context_assembler.kafka.connection import TokenFile, kafka_security
-from context_assembler.kafka.settings import Settings, SettingsError, load_settings
+from context_assembler.settings import Settings, SettingsError, load_settings
 from tests.support.secured_broker import Certificates
 
 PASSWORD = "s3cret-Pa55"

@@ -23,8 +23,8 @@ from context_assembler.kafka.faust_app import (
     seconds,
 )
 from context_assembler.kafka.runner import ENGINE_BATCH, EventRunner
-from context_assembler.kafka.settings import Settings
 from context_assembler.observability.metrics import Metrics
+from context_assembler.settings import Settings
 from tests.kafka.test_records import STAMPS
 
 

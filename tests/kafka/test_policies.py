@@ -18,8 +18,8 @@ from context_assembler.intake.recorded import record_bytes
 from context_assembler.kafka import policies as module
 from context_assembler.kafka.connection import KafkaSecurity
 from context_assembler.kafka.policies import publish_at_start, read_policies
-from context_assembler.kafka.settings import Settings
 from context_assembler.kafka.topics import missing_topic
+from context_assembler.settings import Settings
 from tests.kafka.replay.fakes import FakeReader, Topics
 
 SETTINGS = Settings(policies_topic="pol", retry_backoff_max_seconds=0.05)

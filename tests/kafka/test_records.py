@@ -31,7 +31,7 @@ from context_assembler.kafka.records import (
     record_size,
     value_of,
 )
-from context_assembler.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
+from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
 from tests.factories import EXAMPLES
 
 CONTEXT = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(), prompts_topic="prompts",
@@ -214,7 +214,7 @@ def test_limits_learned_for_a_topic_apply_to_its_records_only() -> None:
 
 
 def test_the_smallest_max_message_bytes_setting_still_fits_a_dead_letter() -> None:
-    from context_assembler.kafka.settings import Settings
+    from context_assembler.settings import Settings
 
     assert Settings.model_fields["max_message_bytes"].metadata[0].ge == MIN_MESSAGE_BYTES
     assert Settings().max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES
@@ -292,7 +292,7 @@ def test_a_null_header_value_is_dead_lettered_not_a_crash() -> None:
 
 
 def test_the_worker_builds_its_handler_context_from_its_settings_in_one_place() -> None:
-    from context_assembler.kafka.settings import Settings
+    from context_assembler.settings import Settings
 
     settings = Settings(prompts_topic="p", audit_topic="a", dlq_topic="d", group_id="g",
                         max_chunks=7, max_message_bytes=500_000)

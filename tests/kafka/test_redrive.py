@@ -27,7 +27,7 @@ from context_assembler.kafka.records import (
     header,
 )
 from context_assembler.kafka.redrive import REDRIVES, RedriveRequest, letter_of, redrive
-from context_assembler.kafka.settings import Settings
+from context_assembler.settings import Settings
 from tests.factories import naming_policy
 from tests.kafka.replay.fakes import FakeReader, Topics
 from tests.support.worker import events

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from context_assembler.kafka import run
-from context_assembler.kafka.settings import Settings
 from context_assembler.observability import logs
+from context_assembler.settings import Settings
 
 
 def worker(**settings: str) -> subprocess.CompletedProcess[str]:

@@ -38,8 +38,8 @@ from context_assembler.kafka.runner import (
     persistent,
     too_large,
 )
-from context_assembler.kafka.settings import Settings
 from context_assembler.observability.metrics import Metrics
+from context_assembler.settings import Settings
 from tests.kafka.test_records import GOOD, origin
 
 

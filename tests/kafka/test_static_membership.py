@@ -16,8 +16,8 @@ from context_assembler.kafka import transactional
 from context_assembler.kafka.faust_app import _ConsumerThread, build_app
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from context_assembler.kafka.runner import EventRunner
-from context_assembler.kafka.settings import Settings
 from context_assembler.observability.metrics import Metrics
+from context_assembler.settings import Settings
 
 
 def settings(**values: Any) -> Settings:

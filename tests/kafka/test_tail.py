@@ -11,8 +11,8 @@ from context_assembler.intake.policies import build_registry
 from context_assembler.kafka import tail as module
 from context_assembler.kafka.produce import key_of
 from context_assembler.kafka.records import HandlerContext, Origin, handle
-from context_assembler.kafka.settings import Settings
 from context_assembler.kafka.tail import answered_input, render, tail, wait_for_answers
+from context_assembler.settings import Settings
 from tests.kafka.replay.fakes import FakeReader, Topics, record
 from tests.support.worker import events
 

@@ -17,9 +17,9 @@ from aiokafka.errors import KafkaConnectionError
 
 from context_assembler.cli.main import main
 from context_assembler.kafka import topics
-from context_assembler.kafka.settings import Settings
 from context_assembler.kafka.topics import TopicReport, TopicWatch, topic_watch, worker_topics
 from context_assembler.observability.http import HealthServer
+from context_assembler.settings import Settings
 
 CLOSED_PORT = "127.0.0.1:9"  # discard: nothing listens there
 

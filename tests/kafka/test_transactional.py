@@ -18,9 +18,9 @@ from context_assembler.engine.policy import Policy
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.kafka import transactional
 from context_assembler.kafka.runner import EventRunner
-from context_assembler.kafka.settings import Settings
 from context_assembler.kafka.transactional import TransactionalWorker
 from context_assembler.observability.metrics import Metrics
+from context_assembler.settings import Settings
 from tests.kafka.test_records import GOOD
 
 TP0, TP1 = TopicPartition("in", 0), TopicPartition("in", 1)

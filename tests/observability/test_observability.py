@@ -9,11 +9,11 @@ from context_assembler.engine.policy import Policy
 from context_assembler.intake.codec import Limits
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.kafka.records import HandlerContext, Origin, handle
-from context_assembler.kafka.settings import Settings
 from context_assembler.observability.http import HealthServer, ListenError
 from context_assembler.observability.logs import JsonFormatter
 from context_assembler.observability.metrics import Metrics
 from context_assembler.observability.summary import AssemblySummary
+from context_assembler.settings import Settings
 from tests.factories import EXAMPLES
 
 

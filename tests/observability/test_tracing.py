@@ -15,9 +15,9 @@ from context_assembler.engine.policy import Policy
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.kafka.records import Origin, OutRecord
 from context_assembler.kafka.runner import EventRunner, Stopped
-from context_assembler.kafka.settings import Settings
 from context_assembler.observability.metrics import Metrics
 from context_assembler.observability.tracing import Tracing
+from context_assembler.settings import Settings
 from tests.kafka.test_records import GOOD, origin
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

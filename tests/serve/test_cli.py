@@ -61,10 +61,11 @@ def test_serve_refuses_a_bad_policy_before_listening() -> None:
 
 @pytest.mark.parametrize(
     ("option", "says"),
-    [(["--port", "70000"], "expected a port, 0 to 65535"), (["--port", "-5"], "expected a port"),
-     (["--port", "http"], "expected a port"),
-     (["--body-timeout", "0"], "expected a positive number of seconds"),
-     (["--idle-timeout", "nan"], "expected a positive number of seconds")],
+    [(["--port", "70000"], "ASSEMBLER_SERVE_PORT (--port): Input should be less than or equal to 65535"),
+     (["--port", "-5"], "ASSEMBLER_SERVE_PORT (--port): Input should be greater than or equal to 0"),
+     (["--port", "http"], "ASSEMBLER_SERVE_PORT (--port): Input should be a valid integer"),
+     (["--body-timeout", "0"], "ASSEMBLER_BODY_TIMEOUT_SECONDS (--body-timeout): Input should be greater than 0"),
+     (["--idle-timeout", "nan"], "ASSEMBLER_IDLE_TIMEOUT_SECONDS (--idle-timeout): Input should be a finite number")],
 )
 def test_serve_refuses_an_option_out_of_range_as_a_usage_error(option: list[str], says: str) -> None:
     done = subprocess.run([sys.executable, "-m", "context_assembler.cli", "serve", *option],

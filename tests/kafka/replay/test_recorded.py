@@ -26,7 +26,7 @@ from context_assembler.intake.recorded import (
 from context_assembler.kafka.records import HandlerContext, Origin, handle
 from context_assembler.kafka.replay import replay as module
 from context_assembler.kafka.replay.replay import ReplayRequest, replay
-from context_assembler.kafka.settings import Settings
+from context_assembler.settings import Settings
 from tests.kafka.replay.fakes import FakeReader, Topics
 from tests.support.worker import ALLOWED_POLICIES, events, file_mode
 

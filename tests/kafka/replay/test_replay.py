@@ -21,7 +21,7 @@ from context_assembler.kafka.reader import RangeError
 from context_assembler.kafka.records import ERR, HandlerContext, Origin, handle, value_of
 from context_assembler.kafka.replay import replay as module
 from context_assembler.kafka.replay.replay import NotRecorded, ReplayRequest, find_recorded, replay
-from context_assembler.kafka.settings import Settings
+from context_assembler.settings import Settings
 from tests.kafka.replay.fakes import FakeReader, Topics
 from tests.support.worker import ALLOWED_POLICIES, events, file_mode
 

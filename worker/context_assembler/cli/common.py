@@ -10,19 +10,27 @@ import argparse
 import contextlib
 import functools
 import io
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import BinaryIO, Final, TypeVar
+from typing import BinaryIO, Final, Literal, TypeVar, get_args, get_origin
 
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from context_assembler import filemode
 from context_assembler.contract.models import AssemblyAudit
 from context_assembler.diagnose.explain import UnusableInput, printable
 from context_assembler.engine.errors import ContextAssemblerError
-from context_assembler.intake.codec import Limits
+from context_assembler.settings import (
+    COMMANDS,
+    Flag,
+    Settings,
+    flag_of,
+    load_settings,
+    shown_default,
+    variable_of,
+)
 
 _Number = TypeVar("_Number", int, float)
 
@@ -93,7 +101,7 @@ def file_errors(path: str | None = None) -> Iterator[None]:
         raise FileError(str(error) if named else f"{path}: {error}") from error
 
 
-Command = Callable[[argparse.Namespace], int]
+Command = Callable[[argparse.Namespace, Settings], int]
 
 
 def command(run: Command) -> Command:
@@ -101,9 +109,9 @@ def command(run: Command) -> Command:
     operator's to fix, not a bug."""
 
     @functools.wraps(run)
-    def reporting(args: argparse.Namespace) -> int:
+    def reporting(args: argparse.Namespace, settings: Settings) -> int:
         with file_errors():
-            return run(args)
+            return run(args, settings)
 
     return reporting
 
@@ -113,7 +121,40 @@ def note(text: str) -> None:
     print(printable(text), file=sys.stderr)
 
 
-# Options every command that reads events has.
+# Options: the settings each command reads (`context_assembler.settings.COMMANDS`), and the
+# numbers of its own arguments.
+
+
+def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
+    """The flags of the settings `command` reads. A flag not given stays out of the
+    namespace, so the setting's variable, else its default, applies (`read_settings`)."""
+    parser.set_defaults(settings_of=command)
+    for name in COMMANDS[command]:
+        flag = flag_of(name, command)
+        if flag is None:
+            continue
+        field = Settings.model_fields[name]
+        about = f"{field.description} ({variable_of(name)}; default: {shown_default(field)})"
+        parser.add_argument(
+            flag.option, dest=name, default=argparse.SUPPRESS,
+            action="append" if flag.repeatable else "store",
+            metavar=_metavar(flag, field),
+            help=about.replace("%", "%%"),  # argparse formats help with %
+        )
+
+
+def _metavar(flag: Flag, field: FieldInfo) -> str:
+    """The choices of a setting that has a few, else its flag's name in capitals."""
+    if get_origin(field.annotation) is Literal:
+        return "{" + ",".join(get_args(field.annotation)) + "}"
+    return flag.option.lstrip("-").replace("-", "_").upper()
+
+
+def read_settings(args: argparse.Namespace) -> Settings:
+    """The settings of the command `args` were parsed for: its flags given, over the
+    environment, over the defaults."""
+    given = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
+    return load_settings(given, args.settings_of)
 
 
 def _number(text: str, parse: Callable[[str], _Number], fits: Callable[[_Number], bool],
@@ -132,31 +173,6 @@ def positive(text: str) -> int:
     return _number(text, int, lambda value: value >= 1, "a positive whole number")
 
 
-def port(text: str) -> int:
-    return _number(text, int, lambda value: 0 <= value <= 65535,
-                   "a port, 0 to 65535 (0: any free one)")
-
-
-def seconds(text: str) -> float:
-    return _number(text, float, lambda value: 0 < value < math.inf,
-                   "a positive number of seconds")
-
-
-def add_limits(parser: argparse.ArgumentParser) -> None:
-    defaults = Limits()
-    parser.add_argument("--max-event-bytes", type=positive, default=defaults.max_event_bytes)
-    parser.add_argument("--max-chunks", type=positive, default=defaults.max_chunks)
-    parser.add_argument("--max-chunk-chars", type=positive, default=defaults.max_chunk_chars)
-
-
-def limits(args: argparse.Namespace) -> Limits:
-    return Limits(
-        max_event_bytes=args.max_event_bytes,
-        max_chunks=args.max_chunks,
-        max_chunk_chars=args.max_chunk_chars,
-    )
-
-
 def add_range(parser: argparse.ArgumentParser, partition: str = "partition") -> None:
     """--from, --from-time and --to: the records of a topic to read (replay, redrive)."""
     parser.add_argument("--from", dest="start", action="append", default=[], metavar="P:OFFSET",
@@ -164,16 +180,6 @@ def add_range(parser: argparse.ArgumentParser, partition: str = "partition") -> 
     parser.add_argument("--from-time", help=f"start of every {partition} at this ISO-8601 time")
     parser.add_argument("--to", action="append", default=[], metavar="P:OFFSET|TIME",
                         help="end (exclusive): an offset of a partition, or an ISO-8601 time")
-
-
-def add_policies(
-    parser: argparse.ArgumentParser, policy_help: str, allow_default: str = "default: none"
-) -> None:
-    parser.add_argument("--policy", help=policy_help)
-    parser.add_argument(
-        "--allow-policy", action="append", default=[], metavar="NAME",
-        help=f"a policy requests may name: preset or TOML file (repeatable); {allow_default}",
-    )
 
 
 # Input and output files. "-" is stdin for an input, and stdout or stderr for an output.

@@ -14,7 +14,6 @@ from context_assembler.cli.common import (
     UsageError,
     command,
     file_errors,
-    limits,
     note,
     open_inputs,
     open_output,
@@ -32,19 +31,20 @@ from context_assembler.diagnose.explain import (
     sweep_table,
 )
 from context_assembler.engine import Policy, assemble
-from context_assembler.intake.codec import Excerpt, RejectedInput, decode_event
+from context_assembler.intake.codec import Excerpt, Limits, RejectedInput, decode_event
 from context_assembler.intake.handle import resolve_policy
 from context_assembler.intake.policies import PolicyRegistry, build_registry, load_policy
 from context_assembler.intake.recorded import RecordedPolicies, differences, read_records_file
+from context_assembler.settings import Settings
 
 
 @command
-def cmd_assemble(args: argparse.Namespace) -> int:
+def cmd_assemble(args: argparse.Namespace, settings: Settings) -> int:
     outputs = {"--out": args.out or "-", "--audit": args.audit, "--errors": args.errors or "-"}
     if args.policies == "-":
         raise UsageError("--policies needs a file name")
     refuse_overlaps(args.files or ["-"], {**outputs, "--policies": args.policies})
-    registry = build_registry(args.policy, args.allow_policy)
+    registry = build_registry(settings.policy_file, settings.allowed_policies)
     with (  # every output file is renamed into place only when the whole run succeeds
         open_inputs(args.files) as sources,
         open_output("--out", outputs["--out"]) as prompts,
@@ -56,7 +56,7 @@ def cmd_assemble(args: argparse.Namespace) -> int:
         if records is not None:
             filemode.write_policies(registry, records)
         totals = filemode.run(
-            sources, registry, limits(args), prompts=prompts, audits=audits, errors=errors
+            sources, registry, settings.limits, prompts=prompts, audits=audits, errors=errors
         )
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(totals.reasons.items()))
     print(
@@ -67,23 +67,23 @@ def cmd_assemble(args: argparse.Namespace) -> int:
     return 1 if totals.rejected else 0
 
 
-def _events(args: argparse.Namespace) -> Iterator[tuple[str, bytes | Excerpt]]:
+def _events(path: str, limits: Limits) -> Iterator[tuple[str, bytes | Excerpt]]:
     """(origin, line) for each event of --events."""
-    with open_inputs([args.events]) as sources:
+    with open_inputs([path]) as sources:
         for name, stream in sources:
-            for number, line in filemode.read_lines(stream, args.max_event_bytes):
+            for number, line in filemode.read_lines(stream, limits.max_event_bytes):
                 yield f"{name}:{number}", line
 
 
 def _selected_events(
-    args: argparse.Namespace, registry: PolicyRegistry
+    args: argparse.Namespace, registry: PolicyRegistry, limits: Limits
 ) -> Iterator[tuple[RetrievalResult, Policy]]:
     """The events asked for, each with its policy; a line that cannot be assembled is
     named on stderr and skipped, as the file mode would reject it."""
     found = skipped = False
-    for origin, raw in _events(args):
+    for origin, raw in _events(args.events, limits):
         try:
-            event = decode_event(raw, limits(args))
+            event = decode_event(raw, limits)
             if args.request_id not in (None, event.request_id):
                 continue
             policy = resolve_policy(registry, event)
@@ -113,11 +113,11 @@ def _recorded_audits(path: str, max_bytes: int) -> dict[str, AssemblyAudit]:
 
 
 @command
-def cmd_explain(args: argparse.Namespace) -> int:
+def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     """The decisions for the events of --events: recorded in --audit, or assembled now."""
-    registry = build_registry(args.policy, args.allow_policy)
-    recorded = _recorded_audits(args.audit, args.max_event_bytes) if args.audit else {}
-    for event, policy in _selected_events(args, registry):
+    registry = build_registry(settings.policy_file, settings.allowed_policies)
+    recorded = _recorded_audits(args.audit, settings.limits.max_event_bytes) if args.audit else {}
+    for event, policy in _selected_events(args, registry, settings.limits):
         audit = recorded.get(event.request_id) or assemble(event, policy).audit
         if args.audit and event.request_id not in recorded:
             note(f"(no recorded audit for {event.request_id}: assembled now)")
@@ -147,9 +147,9 @@ _NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9._-]")
 
 
 @command
-def cmd_sweep(args: argparse.Namespace) -> int:
-    registry = build_registry(args.policy, args.allow_policy)
-    for event, policy in _selected_events(args, registry):
+def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
+    registry = build_registry(settings.policy_file, settings.allowed_policies)
+    for event, policy in _selected_events(args, registry, settings.limits):
         points = sweep(event, policy, args.budgets or SEED_BUDGETS)
         print(sweep_table(event, points))
         if args.png:
@@ -181,10 +181,10 @@ def policy_diff(recorded: RecordedPolicies, hashes: list[str]) -> int:
 
 
 @command
-def cmd_policy(args: argparse.Namespace) -> int:
+def cmd_policy(args: argparse.Namespace, settings: Settings) -> int:
     if args.diff:
         return policy_diff(read_records_file(args.policies), args.diff)
-    policy = load_policy(args.policy)
+    policy = load_policy(settings.policy_file)
     print(f"# {policy.name} {policy.hash}")
     print(policy.model_dump_json(indent=2))
     return 0

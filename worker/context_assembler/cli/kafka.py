@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, TypedDict
 from context_assembler.cli.common import (
     UsageError,
     command,
-    limits,
     open_inputs,
     parse_audit,
     refuse_overlaps,
@@ -38,34 +37,31 @@ from context_assembler.intake.recorded import (
     not_defaults,
     read_records_file,
 )
+from context_assembler.settings import Settings
 
 if TYPE_CHECKING:
-    from context_assembler.kafka.settings import Settings
+    from context_assembler.kafka.replay.replay import ReplayReport, ReplayRequest
 
 
 @command
-def cmd_worker(_: argparse.Namespace) -> int:
+def cmd_worker(_: argparse.Namespace, settings: Settings) -> int:
     from context_assembler.kafka.run import run_worker
-    from context_assembler.kafka.settings import load_settings
 
-    return run_worker(load_settings())
+    return run_worker(settings)
 
 
 @command
-def cmd_acls(args: argparse.Namespace) -> int:
+def cmd_acls(args: argparse.Namespace, settings: Settings) -> int:
     """acls --principal User:NAME: what to grant, printed; nothing is sent to the broker."""
     from context_assembler.kafka.acls import kafka_acls_commands, strimzi_kafka_user, worker_acls
-    from context_assembler.kafka.settings import load_settings
 
     if not args.principal.startswith("User:") or args.principal == "User:":
         raise UsageError(f"--principal {args.principal!r}: expected User:NAME")
-    settings = load_settings()
     acls = worker_acls(settings)
     if args.format == "strimzi":
         print(strimzi_kafka_user(args.principal, acls, args.strimzi_cluster))
     else:
-        servers = args.bootstrap_servers or settings.bootstrap_servers
-        print("\n".join(kafka_acls_commands(args.principal, acls, servers)))
+        print("\n".join(kafka_acls_commands(args.principal, acls, settings.bootstrap_servers)))
     return 0
 
 
@@ -76,27 +72,25 @@ def quiet_kafka_client() -> None:
 
 
 @command
-def cmd_topics(args: argparse.Namespace) -> int:
+def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     """topics create: exit 0 when every topic is created or exists as specified, 1 when
     one exists with other partitions, replication or configs (reported, left as it is)."""
     import asyncio
 
     from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.settings import load_settings
     from context_assembler.kafka.topics import create_topics, worker_topics
 
     quiet_kafka_client()
-    settings = load_settings()
-    servers = args.bootstrap_servers or settings.bootstrap_servers
     specs = worker_topics(settings, args.partitions, args.replication_factor)
-    reports = asyncio.run(create_topics(servers, specs, kafka_security(settings)))
+    reports = asyncio.run(create_topics(settings.bootstrap_servers, specs,
+                                        kafka_security(settings)))
     for report in reports:
         print(report.render())
     return 1 if any(r.status == "differs" for r in reports) else 0
 
 
 @command
-def cmd_produce(args: argparse.Namespace) -> int:
+def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     """produce: exit 0 once sent; with --wait, once each event has its prompt or its dead
     letter (1 if some have neither after --timeout)."""
     import asyncio
@@ -104,13 +98,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
     from context_assembler.kafka.connection import kafka_security
     from context_assembler.kafka.produce import produce
     from context_assembler.kafka.reader import TopicReader
-    from context_assembler.kafka.settings import load_settings
     from context_assembler.kafka.tail import Answers, output_ends, wait_for_answers
 
     quiet_kafka_client()
-    settings = load_settings()
-    servers = args.bootstrap_servers or settings.bootstrap_servers
-    topic = args.topic or settings.input_topic
+    servers, topic = settings.bootstrap_servers, settings.input_topic
     compression, security = settings.producer_compression, kafka_security(settings)
 
     async def send(lines: Iterable[bytes]) -> Answers | None:
@@ -146,20 +137,18 @@ def report_sent(count: int, topic: str) -> None:
 
 
 @command
-def cmd_tail(args: argparse.Namespace) -> int:
+def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
     """tail prompts|audit|dlq: the last records of an output topic, one line each; with
     --follow, new ones as they come until Ctrl-C."""
     import asyncio
 
     from context_assembler.kafka.connection import kafka_security
     from context_assembler.kafka.reader import TopicReader
-    from context_assembler.kafka.settings import load_settings
     from context_assembler.kafka.tail import tail
 
     if args.lines < 0:
         raise UsageError("-n takes a count of records, 0 or more")
     quiet_kafka_client()
-    settings = load_settings()
     topic = args.topic or {"prompts": settings.prompts_topic, "audit": settings.audit_topic,
                            "dlq": settings.dlq_topic}[args.output]
 
@@ -167,8 +156,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     async def read() -> None:
-        async with TopicReader(args.bootstrap_servers or settings.bootstrap_servers,
-                               kafka_security(settings)) as reader:
+        async with TopicReader(settings.bootstrap_servers, kafka_security(settings)) as reader:
             await tail(reader, args.output, topic, args.lines, args.follow, write)
 
     asyncio.run(read())
@@ -199,31 +187,44 @@ def topic_range(args: argparse.Namespace) -> TopicRange:
 
 
 @command
-def cmd_replay(args: argparse.Namespace) -> int:
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
     import signal
 
+    from context_assembler.kafka.replay.replay import replay
+
+    request = _replay_request(args, settings)
+
+    async def run() -> ReplayReport:
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+        return await replay(request, stop)
+
+    return _replay_summary(asyncio.run(run()), request, args.verbose)
+
+
+def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayRequest:
+    """What to replay, checked before connecting. replay's --policy is its own option, not
+    the policy_file setting's flag: it may say `recorded`, and then the setting is the
+    policy of the events without a published prompt."""
     from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.replay.replay import ReplayRequest, replay
-    from context_assembler.kafka.settings import load_settings
+    from context_assembler.kafka.replay.replay import ReplayRequest
 
     span = topic_range(args)
     refuse_overlaps([], {"--out": args.out, "--audit": args.audit, "--errors": args.errors})
-    recorded = args.policy == "recorded"
+    recorded = args.replay_policy == "recorded"
     if args.policies and not recorded:
         raise UsageError("--policies goes with --policy recorded")
     quiet_kafka_client()
-    settings = load_settings()
-    request = ReplayRequest(
-        bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
-        input_topic=args.input_topic or settings.input_topic,
-        prompts_topic=args.prompts_topic or settings.prompts_topic,
-        audit_topic=args.audit_topic or settings.audit_topic,
-        # Under the recorded policies, the operator's are for events without a prompt.
-        registry=build_registry(settings.policy_file if recorded
-                                else args.policy or settings.policy_file,
-                                args.allow_policy or settings.allowed_policies),
-        limits=limits(args),
+    return ReplayRequest(
+        bootstrap_servers=settings.bootstrap_servers,
+        input_topic=settings.input_topic,
+        prompts_topic=settings.prompts_topic,
+        audit_topic=settings.audit_topic,
+        registry=build_registry(settings.policy_file if recorded or args.replay_policy is None
+                                else args.replay_policy, settings.allowed_policies),
+        limits=settings.limits,
         **span,
         count=args.count,
         out=Path(args.out) if args.out else None,
@@ -233,37 +234,34 @@ def cmd_replay(args: argparse.Namespace) -> int:
         to_audit_topic=args.to_audit_topic,
         compare=args.compare,
         recorded=recorded,
-        policies_topic=args.policies_topic or settings.policies_topic,
+        policies_topic=settings.policies_topic,
         policies=read_records_file(args.policies) if args.policies else None,
         compression=settings.producer_compression,
         security=kafka_security(settings),
     )
 
-    async def run() -> int:
-        stop = asyncio.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
-            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-        report = await replay(request, stop)
-        rejected = sum(isinstance(r.result, str) for r in report.replayed)
-        for comparison in report.comparisons:
-            if comparison.status != "identical" or args.verbose:
-                print(comparison.render())
-        counts = {s: sum(c.status == s for c in report.comparisons)
-                  for s in ("identical", "different", "not published")}
-        summary = f"replayed {len(report.replayed)} events ({rejected} rejected)"
-        if recorded:
-            summary += (f" under the recorded policies ({report.unrecorded} without a "
-                        "published prompt, under the service policy)")
-        if request.compare:
-            summary += ": " + ", ".join(f"{n} {s}" for s, n in counts.items())
-        if report.interrupted:
-            summary += " (interrupted: the outputs hold the events replayed so far)"
-        print(summary)
-        if report.interrupted:
-            return 130
-        return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
 
-    return asyncio.run(run())
+def _replay_summary(report: ReplayReport, request: ReplayRequest, verbose: bool) -> int:
+    """Print the comparisons (the identical ones only if `verbose`) and one summary line;
+    exit 130 if interrupted, 1 if a comparison was asked for and something differs."""
+    rejected = sum(isinstance(r.result, str) for r in report.replayed)
+    for comparison in report.comparisons:
+        if comparison.status != "identical" or verbose:
+            print(comparison.render())
+    counts = {s: sum(c.status == s for c in report.comparisons)
+              for s in ("identical", "different", "not published")}
+    summary = f"replayed {len(report.replayed)} events ({rejected} rejected)"
+    if request.recorded:
+        summary += (f" under the recorded policies ({report.unrecorded} without a "
+                    "published prompt, under the service policy)")
+    if request.compare:
+        summary += ": " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    if report.interrupted:
+        summary += " (interrupted: the outputs hold the events replayed so far)"
+    print(summary)
+    if report.interrupted:
+        return 130
+    return 1 if request.compare and counts["identical"] != len(report.comparisons) else 0
 
 
 def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedPolicies:
@@ -275,41 +273,35 @@ def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedP
 
     if args.policies:
         return read_records_file(args.policies)
-    return asyncio.run(fetch_policies(args.bootstrap_servers or settings.bootstrap_servers,
-                                      args.policies_topic or settings.policies_topic,
+    return asyncio.run(fetch_policies(settings.bootstrap_servers, settings.policies_topic,
                                       kafka_security(settings)))
 
 
 @command
-def cmd_policy_diff(args: argparse.Namespace) -> int:
+def cmd_policy_diff(args: argparse.Namespace, settings: Settings) -> int:
     """policy --diff HASH_A HASH_B, from the policies topic."""
-    from context_assembler.kafka.settings import load_settings
 
     quiet_kafka_client()
-    settings = load_settings()
-    recorded = recorded_policies(args, settings)
-    return policy_diff(recorded, args.diff)
+    return policy_diff(recorded_policies(args, settings), args.diff)
 
 
 @command
-def cmd_redrive(args: argparse.Namespace) -> int:
+def cmd_redrive(args: argparse.Namespace, settings: Settings) -> int:
     """redrive: dead letters back to the input topic, grouped by reason; a dry run unless
     --yes."""
     import asyncio
 
     from context_assembler.kafka.connection import kafka_security
     from context_assembler.kafka.redrive import RedriveRequest, redrive
-    from context_assembler.kafka.settings import load_settings
 
     span = topic_range(args)
     if args.yes and args.dry_run:
         raise UsageError("give --yes or --dry-run, not both")
     quiet_kafka_client()
-    settings = load_settings()
     request = RedriveRequest(
-        bootstrap_servers=args.bootstrap_servers or settings.bootstrap_servers,
-        dlq_topic=args.dlq_topic or settings.dlq_topic,
-        input_topic=args.input_topic or settings.input_topic,
+        bootstrap_servers=settings.bootstrap_servers,
+        dlq_topic=settings.dlq_topic,
+        input_topic=settings.input_topic,
         **span,
         count=args.count,
         max_redrives=args.max_redrives,
@@ -333,31 +325,27 @@ def recorded_policy(registry: PolicyRegistry, name: str) -> Policy:
 
 
 @command
-def cmd_explain(args: argparse.Namespace) -> int:
+def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     """explain REQUEST_ID --kafka: its latest audit on the audit topic, and its input."""
     import asyncio
 
     from context_assembler.kafka.connection import kafka_security
     from context_assembler.kafka.reader import RangeError, parse_time
     from context_assembler.kafka.replay.replay import find_recorded
-    from context_assembler.kafka.settings import load_settings
 
     if args.request_id is None:
         raise UsageError("explain --kafka needs a REQUEST_ID")
     quiet_kafka_client()
-    settings = load_settings()
-    registry = build_registry(args.policy or settings.policy_file,
-                              args.allow_policy or settings.allowed_policies)
-    servers = args.bootstrap_servers or settings.bootstrap_servers
+    registry = build_registry(settings.policy_file, settings.allowed_policies)
     raw, audit_bytes, origin = asyncio.run(find_recorded(  # or NotRecorded
-        servers,
-        args.audit_topic or settings.audit_topic,
+        settings.bootstrap_servers,
+        settings.audit_topic,
         args.request_id,
         parse_time(args.from_time) if args.from_time else None,
         kafka_security(settings),
     ))
     try:
-        event = decode_event(raw, limits(args))
+        event = decode_event(raw, settings.limits)
     except RejectedInput as error:
         raise UnusableInput(f"the input {origin} cannot be decoded: {error.reason}: "
                             f"{error.message}") from None

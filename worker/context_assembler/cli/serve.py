@@ -11,8 +11,9 @@ import asyncio
 import signal
 from typing import TYPE_CHECKING
 
-from context_assembler.cli.common import command, limits, note
+from context_assembler.cli.common import command, note
 from context_assembler.intake.policies import build_registry
+from context_assembler.settings import Settings
 
 if TYPE_CHECKING:
     from context_assembler.serve.app import Server
@@ -35,19 +36,21 @@ async def _serve(server: Server, host: str) -> None:
 
 
 @command
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(_: argparse.Namespace, settings: Settings) -> int:
     from context_assembler.observability import logs
     from context_assembler.observability.tracing import Tracing
     from context_assembler.serve.app import Server, Service
 
-    logs.configure(args.log_level)  # JSON lines: a rejection quotes untrusted text
-    registry = build_registry(args.policy, args.allow_policy)
+    logs.configure(settings.log_level)  # JSON lines: a rejection quotes untrusted text
+    registry = build_registry(settings.policy_file, settings.allowed_policies)
     tracing = Tracing.from_environment()  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
-    service = Service(registry, limits(args), tracing=tracing, max_pending=args.max_pending,
-                      body_timeout=args.body_timeout, idle_timeout=args.idle_timeout)
-    server = Server(service, args.host, args.port)
+    service = Service(registry, settings.limits, tracing=tracing,
+                      max_pending=settings.max_pending,
+                      body_timeout=settings.body_timeout_seconds,
+                      idle_timeout=settings.idle_timeout_seconds)
+    server = Server(service, settings.serve_host, settings.serve_port)
     try:
-        asyncio.run(_serve(server, args.host))
+        asyncio.run(_serve(server, settings.serve_host))
     finally:
         tracing.shutdown()  # exports the spans still buffered
     return 0

@@ -13,7 +13,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from context_assembler.kafka.settings import Settings
+from context_assembler.settings import Settings
 
 
 @dataclass(frozen=True)

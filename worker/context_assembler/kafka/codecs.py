@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import re
 
-from aiokafka import codec
 from aiokafka.errors import UnsupportedCodecError
 
 from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.settings import CODEC_PACKAGE, INSTALL
 
-CODEC_PACKAGE = "cramjam"
-INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
 _MISSING = re.compile(r"Libraries for (\w+) compression codec not found")
 
 
@@ -34,10 +32,3 @@ def undecodable(error: UnsupportedCodecError, topic: str) -> str:
                 f"{CODEC_PACKAGE} package is not installed ({INSTALL})")
     return f"cannot decode records of {topic}: {error}"
 
-
-def check_available(codec_name: str) -> None:
-    """Raise ValueError unless this process can compress and decode `codec_name`."""
-    available = {"none": True, "gzip": codec.has_gzip(), "snappy": codec.has_snappy(),
-                 "lz4": codec.has_lz4(), "zstd": codec.has_zstd()}
-    if not available[codec_name]:
-        raise ValueError(f"{codec_name} needs the {CODEC_PACKAGE} package ({INSTALL})")

@@ -29,7 +29,7 @@ from aiokafka.errors import (
 )
 from pydantic import SecretStr
 
-from context_assembler.kafka.settings import Settings, SettingsError
+from context_assembler.settings import Settings, SettingsError
 
 
 class TokenFile(AbstractTokenProvider):  # type: ignore[misc]

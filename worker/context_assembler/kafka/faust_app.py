@@ -57,7 +57,7 @@ from context_assembler.kafka.runner import (
     Stopped,
     collect_less,
 )
-from context_assembler.kafka.settings import Settings
+from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
 # The services subclassed here log their own start and stop ("[^--_Consumer]: Starting...",

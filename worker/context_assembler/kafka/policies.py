@@ -22,8 +22,8 @@ from context_assembler.intake.recorded import RecordedPolicies, record_bytes
 from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity, kafka_security
 from context_assembler.kafka.produce import check_topic
 from context_assembler.kafka.reader import TopicReader
-from context_assembler.kafka.settings import Settings
 from context_assembler.kafka.topics import TopicError
+from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from context_assembler.engine import Assembly
 from context_assembler.intake.codec import Limits, RejectedInput, encode
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
-from context_assembler.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES, Settings
+from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, Settings
 
 Headers = tuple[tuple[str, bytes], ...]
 # As clients hand them out: aiokafka a sequence of pairs, a null value as None; faust passes

@@ -24,7 +24,7 @@ from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity
 from context_assembler.kafka.produce import check_topic
 from context_assembler.kafka.reader import TopicReader
 from context_assembler.kafka.records import ERR, TRUNCATED, Headers, Origin, header, value_of
-from context_assembler.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES
+from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 REDRIVES = "context-assembler.redrive.count"
 REASON = f"{ERR}exception.class.name"

@@ -15,11 +15,11 @@ from context_assembler.kafka.connection import kafka_security, start_up_problem
 from context_assembler.kafka.policies import Recording, publish_at_start
 from context_assembler.kafka.records import Handler, handle
 from context_assembler.kafka.runner import EventRunner
-from context_assembler.kafka.settings import Settings, SettingsError
 from context_assembler.kafka.topics import TopicWatch, topic_watch, worker_topics
 from context_assembler.observability import logs
 from context_assembler.observability.http import HealthServer, ListenError
 from context_assembler.observability.metrics import Metrics
+from context_assembler.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 

@@ -53,10 +53,10 @@ from context_assembler.kafka.records import (
     handle,
     record_size,
 )
-from context_assembler.kafka.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, Settings
 from context_assembler.observability.metrics import Metrics
 from context_assembler.observability.summary import AssemblySummary
 from context_assembler.observability.tracing import Tracing
+from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, Settings
 
 log = logging.getLogger(__name__)
 # Producer batches, both paths: up to 1 MiB (or max_message_bytes, if less), sent 5 ms after

@@ -25,7 +25,7 @@ from context_assembler.kafka.connection import (
     connection_problem,
     kafka_security,
 )
-from context_assembler.kafka.settings import Settings
+from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -71,7 +71,7 @@ from context_assembler.kafka.runner import (
     collect_less,
     too_large,
 )
-from context_assembler.kafka.settings import Settings
+from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
 BATCH_RECORDS = 200

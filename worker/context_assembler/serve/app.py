@@ -44,6 +44,7 @@ from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.observability.metrics import Metrics
 from context_assembler.observability.tracing import Tracing
+from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ _STATUS: Final = {
 # Of a rejection's message in a response or a log line: messages may quote the request.
 MESSAGE_CHARS: Final = 1024
 QUOTED_CHARS: Final = 100  # of a header quoted in a message
+_DEFAULT: Final = Settings.model_fields  # serve's settings, whose defaults are declared there
 
 
 @dataclass
@@ -71,12 +73,12 @@ class Service:
     # Requests whose body has arrived, waiting for the one engine thread; and the bodies held
     # at once, being read or waiting, at most this many times max_event_bytes in all. More
     # are refused (503) rather than queued without bound.
-    max_pending: int = 64
+    max_pending: int = _DEFAULT["max_pending"].default
     # Seconds a body may take to arrive after its head: a slower client gets 408.
-    body_timeout: float = 10.0
+    body_timeout: float = _DEFAULT["body_timeout_seconds"].default
     # Seconds a connection may wait for a complete request head (after opening, or after
     # its last response) before it is closed: idle keep-alive and a slow head alike.
-    idle_timeout: float = 75.0
+    idle_timeout: float = _DEFAULT["idle_timeout_seconds"].default
     slow_clients: Counter = field(init=False)
     busy: Counter = field(init=False)
     pending: Gauge = field(init=False)

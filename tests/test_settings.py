@@ -1,0 +1,244 @@
+"""The one settings model: every command reads it, flags over variables over defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+
+from context_assembler.cli.common import read_settings
+from context_assembler.cli.main import build_parser, main
+from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.intake.codec import Limits
+from context_assembler.settings import (
+    COMMANDS,
+    Flag,
+    Settings,
+    SettingsError,
+    flag_of,
+    load_settings,
+    reference,
+    variable_of,
+)
+from tests.factories import EXAMPLES
+
+REPO = Path(__file__).resolve().parent.parent
+# Each command as typed, with what it needs to parse (`command` -> its argv up to the flags).
+ARGV = {
+    "assemble": ["assemble"], "explain": ["explain"], "sweep": ["sweep"], "worker": ["worker"],
+    "acls": ["acls", "--principal", "User:a"], "topics create": ["topics", "create"],
+    "produce": ["produce"], "tail": ["tail", "prompts"], "replay": ["replay"],
+    "serve": ["serve"], "policy": ["policy"], "redrive": ["redrive"],
+}
+# The documented flags of each command (README.md), each a setting.
+DOCUMENTED = {
+    "assemble": ["--policy", "--allow-policy", "--max-event-bytes", "--max-chunks",
+                 "--max-chunk-chars"],
+    "explain": ["--policy", "--allow-policy", "--bootstrap-servers", "--audit-topic",
+                "--policies-topic", "--max-event-bytes"],
+    "produce": ["--bootstrap-servers", "--topic"],
+    "tail": ["--bootstrap-servers"],
+    "replay": ["--allow-policy", "--bootstrap-servers", "--input-topic", "--prompts-topic",
+               "--audit-topic", "--policies-topic", "--max-event-bytes"],
+    "serve": ["--host", "--port", "--policy", "--allow-policy", "--max-pending",
+              "--body-timeout", "--idle-timeout", "--log-level", "--max-event-bytes"],
+    "policy": ["--policy", "--bootstrap-servers", "--policies-topic"],
+    "redrive": ["--bootstrap-servers", "--dlq-topic", "--input-topic"],
+    "acls": ["--bootstrap-servers"],
+    "topics create": ["--bootstrap-servers"],
+}
+READS_EVENTS = ["assemble", "explain", "sweep", "worker", "replay", "serve"]
+
+
+# A value other than the default for each setting a flag sets; numbers and names otherwise.
+SAMPLES = {"max_message_bytes": "20000", "session_timeout_seconds": "30",
+           "processing_guarantee": "exactly_once", "compression_type": "gzip",
+           "log_level": "DEBUG", "allowed_policies": "estimated"}
+
+
+def sample(name: str) -> str:
+    if name in SAMPLES:
+        return SAMPLES[name]
+    return "7" if Settings.model_fields[name].annotation in (int, float) else f"x-{name}"
+
+
+def parsed(command: str, *flags: str) -> argparse.Namespace:
+    return build_parser().parse_args([*ARGV[command], *flags])
+
+
+def options(command: str) -> dict[str, str]:
+    """Each option of `command`'s parser -> its dest."""
+    parser = build_parser()
+    for word in ARGV[command]:
+        if word.startswith("-"):
+            break
+        actions = {a.dest: a for a in parser._actions}
+        sub = next((a for a in actions.values() if isinstance(a, argparse._SubParsersAction)),
+                   None)
+        if sub is None:
+            break
+        parser = sub.choices[word]
+    return {option: action.dest for action in parser._actions for option in action.option_strings}
+
+
+def test_settings_come_from_assembler_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASSEMBLER_BOOTSTRAP_SERVERS", "k1:9092,k2:9092")
+    monkeypatch.setenv("ASSEMBLER_PROCESSING_GUARANTEE", "exactly_once")
+    monkeypatch.setenv("ASSEMBLER_MAX_CHUNKS", "50")
+    settings = load_settings()
+    assert settings.bootstrap_servers == "k1:9092,k2:9092"
+    assert settings.processing_guarantee == "exactly_once"
+    assert settings.limits.max_chunks == 50
+    # One transactional id per input partition, the same on every replica: a partition's
+    # next owner fences its previous one.
+    assert settings.transactional_id_for("retrieval.results", 0) == (
+        "context-assembler-retrieval.results-0")
+
+
+def test_invalid_settings_name_the_variable_and_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASSEMBLER_PROCESSING_GUARANTEE", "maybe_once")
+    monkeypatch.setenv("ASSEMBLER_HTTP_PORT", "99999")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "ASSEMBLER_PROCESSING_GUARANTEE (--processing-guarantee): " in str(caught.value)
+    assert "ASSEMBLER_HTTP_PORT (--http-port): " in str(caught.value)
+
+
+def test_a_bad_flag_is_a_usage_error_naming_the_flag_and_the_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--port", "70000"]) == 2
+    assert capsys.readouterr().err == (
+        "context-assembler: invalid settings: ASSEMBLER_SERVE_PORT (--port): Input should be "
+        "less than or equal to 65535\n")
+    assert main(["produce", "--topic", ""]) == 2  # renamed on produce: named as produce has it
+    assert "ASSEMBLER_INPUT_TOPIC (--topic): " in capsys.readouterr().err
+
+
+def test_a_bad_variable_stops_a_file_command_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ASSEMBLER_MAX_CHUNKS", "many")
+    assert main(["assemble", "--out", "-"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "context-assembler: invalid settings: ASSEMBLER_MAX_CHUNKS (--max-chunks): ")
+    events = str(EXAMPLES / "events.jsonl")
+    assert main(["assemble", events, "--out", os.devnull, "--max-chunks", "2000"]) == 0
+
+
+def test_topics_must_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASSEMBLER_DLQ_TOPIC", "retrieval.results")
+    with pytest.raises(SettingsError, match="must differ"):
+        load_settings()
+
+
+def test_the_event_limits_are_declared_once_in_limits_and_read_from_flat_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, limit in Limits.model_fields.items():
+        field = Settings.model_fields[name]  # ASSEMBLER_MAX_EVENT_BYTES etc.
+        constraints = [m for m in field.metadata if not isinstance(m, Flag)]
+        assert (field.default, constraints) == (limit.default, limit.metadata)
+    assert Settings().limits == Limits()
+    monkeypatch.setenv("ASSEMBLER_MAX_EVENT_BYTES", "1000")
+    monkeypatch.setenv("ASSEMBLER_MAX_QUESTION_CHARS", "0")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "invalid settings: ASSEMBLER_MAX_QUESTION_CHARS (--max-question-chars): Input should be "
+        "greater than or equal to 1")
+    monkeypatch.setenv("ASSEMBLER_MAX_QUESTION_CHARS", "80")
+    assert load_settings().limits == Limits(max_event_bytes=1000, max_question_chars=80)
+
+
+def test_settings_errors_are_the_projects_errors() -> None:
+    assert issubclass(SettingsError, ContextAssemblerError)
+
+
+def test_every_command_parser_is_described_here() -> None:
+    assert set(ARGV) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_flag_of_a_setting_is_read_through_the_one_model(
+    command: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every option whose dest is a setting was made from the model, for the settings the
+    command reads; each such flag, given, sets its setting as its variable would."""
+    flags = {name: flag_of(name, command) for name in COMMANDS[command]}
+    made = {flag.option: name for name, flag in flags.items() if flag is not None}
+    settings_options = {option: dest for option, dest in options(command).items()
+                        if dest in Settings.model_fields}
+    assert settings_options == made
+    for option, name in made.items():
+        value = sample(name)
+        given = read_settings(parsed(command, option, value))
+        assert getattr(given, name) != Settings.model_fields[name].get_default(), option
+        monkeypatch.setenv(variable_of(name), value)
+        assert getattr(given, name) == getattr(load_settings(), name), option
+        monkeypatch.delenv(variable_of(name))
+
+
+def test_the_documented_flags_are_settings() -> None:
+    for command, documented in DOCUMENTED.items():
+        dests = options(command)
+        assert [o for o in documented if dests.get(o) not in Settings.model_fields] == [], command
+
+
+@pytest.mark.parametrize("command", READS_EVENTS)
+def test_every_limit_has_a_flag_on_every_command_that_reads_events(command: str) -> None:
+    dests = options(command)
+    for name in Limits.model_fields:
+        assert dests[f"--{name.replace('_', '-')}"] == name
+
+
+def test_a_flag_wins_over_the_variable_which_wins_over_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert read_settings(parsed("assemble")).max_chunk_id_chars == 256
+    monkeypatch.setenv("ASSEMBLER_MAX_CHUNK_ID_CHARS", "40")
+    monkeypatch.setenv("ASSEMBLER_ALLOWED_POLICIES", "window-8k,estimated")
+    assert read_settings(parsed("assemble")).max_chunk_id_chars == 40
+    from_flag = read_settings(parsed("assemble", "--max-chunk-id-chars", "12",
+                                     "--allow-policy", "rank-fidelity"))
+    assert from_flag.max_chunk_id_chars == 12
+    assert from_flag.allowed_policies == ("rank-fidelity",)
+    assert read_settings(parsed("assemble")).allowed_policies == ("window-8k", "estimated")
+    monkeypatch.setenv("ASSEMBLER_BOOTSTRAP_SERVERS", "env:9092")
+    assert read_settings(parsed("tail")).bootstrap_servers == "env:9092"
+    assert read_settings(parsed("tail", "--bootstrap-servers", "flag:9092")).bootstrap_servers == (
+        "flag:9092")
+
+
+def test_the_file_commands_read_the_environment_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ASSEMBLER_POLICY_FILE", "estimated")
+    assert main(["policy"]) == 0
+    assert capsys.readouterr().out.startswith("# estimated sha256:")
+    assert main(["policy", "--policy", "rank-fidelity"]) == 0
+    assert capsys.readouterr().out.startswith("# rank-fidelity sha256:")
+
+
+def test_secrets_and_security_settings_have_no_flag() -> None:
+    for name in Settings.model_fields:
+        if name.startswith(("sasl_", "ssl_", "security_")):
+            assert flag_of(name) is None, name
+
+
+def test_every_setting_is_described_and_read_by_some_command() -> None:
+    read = {name for names in COMMANDS.values() for name in names}
+    for name, field in Settings.model_fields.items():
+        assert field.description, name
+        assert name in read, name
+    assert read <= set(Settings.model_fields)
+
+
+def test_the_settings_reference_is_generated_from_the_model() -> None:
+    """docs/settings.md is what `python -m context_assembler.settings` writes."""
+    committed = (REPO / "docs" / "settings.md").read_text("utf-8")
+    assert committed == reference(), "run: make docs-settings"
+    for name in Settings.model_fields:
+        assert f"`ASSEMBLER_{name.upper()}`" in committed

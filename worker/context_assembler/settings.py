@@ -1,0 +1,495 @@
+"""Every setting of every command, in one model: the environment (prefix ASSEMBLER_) and flags.
+
+A setting is declared once, here: its type, default, constraints, description and, unless it
+is a secret or a deployment knob only the environment sets, its command-line flag. `COMMANDS`
+says which settings each command reads; the command line offers those settings' flags. A flag
+given wins over the environment, which wins over the default, for every command alike.
+Invalid settings fail at start with one message naming each bad one by variable and flag.
+
+`python -m context_assembler.settings` writes docs/settings.md from this module.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from copy import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
+
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.intake.codec import Limits
+
+ENV_PREFIX: Final = "ASSEMBLER_"
+# The producer's default max.request.size (the broker's max.message.bytes is 12 bytes more),
+# and the least the worker accepts: a dead letter cut to its bones (Connect's headers with a
+# capped message, no key, no value) fits in that much.
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
+MIN_MESSAGE_BYTES = 16_384
+# aiokafka compresses and decodes snappy, lz4 and zstd with cramjam, its codec extras.
+CODEC_PACKAGE = "cramjam"
+INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
+
+
+class SettingsError(ContextAssemblerError, ValueError):
+    """Invalid settings, each named by its ASSEMBLER_* variable (and its flag, if it has one)."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The command-line option of a setting; `repeatable`: given once per value."""
+
+    option: str
+    repeatable: bool = False
+
+
+def _limit(name: str, description: str) -> Any:
+    """Limits' field `name` (its default and constraints, declared there once), to be read
+    from the flat variable ASSEMBLER_<NAME>."""
+    field = copy(Limits.model_fields[name])
+    field.description = description
+    return field
+
+
+def _topic(name: str, description: str) -> Any:
+    """A topic's setting: its default name (never empty) and what goes through it."""
+    return Field(default=name, min_length=1, description=description)
+
+
+def _codec_available(codec_name: str) -> bool:
+    """Whether aiokafka can compress and decode `codec_name` here: the standard library has
+    gzip, cramjam the others. Checked without importing the Kafka client."""
+    if codec_name in ("none", "gzip"):
+        return True
+    try:
+        import cramjam  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Settings(BaseSettings):
+    """Every setting of every command; each command reads those COMMANDS names."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    # Kafka: where, and which topics and group.
+    bootstrap_servers: Annotated[str, Flag("--bootstrap-servers")] = Field(
+        default="127.0.0.1:9092", min_length=1,
+        description="The Kafka brokers to connect to, comma-separated host:port pairs.")
+    input_topic: Annotated[str, Flag("--input-topic")] = _topic(
+        "retrieval.results", "The RetrievalResult events the worker reads.")
+    prompts_topic: Annotated[str, Flag("--prompts-topic")] = _topic(
+        "prompts.assembled", "Where the worker publishes each prompt.")
+    audit_topic: Annotated[str, Flag("--audit-topic")] = _topic(
+        "context.audit", "Where the worker publishes each prompt's audit.")
+    dlq_topic: Annotated[str, Flag("--dlq-topic")] = _topic(
+        "retrieval.results.dlq",
+        "Where the worker publishes each event it cannot assemble (dead letters).")
+    policies_topic: Annotated[str, Flag("--policies-topic")] = _topic(
+        "assembler.policies",
+        "Compacted: each policy the worker assembles under, keyed by its hash, published "
+        "before any event is consumed (replay --policy recorded reads it).")
+    group_id: Annotated[str, Flag("--group-id")] = Field(
+        default="context-assembler", min_length=1,
+        description="The consumer group: workers of one group split the input partitions.")
+    # Policies and the limits on events: every command that assembles reads them.
+    policy_file: Annotated[str | None, Flag("--policy")] = Field(
+        default=None, description="The service policy: a TOML file or a preset name; unset: "
+        "the default preset.")
+    allowed_policies: Annotated[
+        tuple[str, ...], NoDecode, Flag("--allow-policy", repeatable=True)
+    ] = Field(
+        default=(),
+        description="Policies (preset names or TOML files) a request may name: comma-separated "
+        "in the variable, one per flag. Unset: none, so a request naming any policy other "
+        "than the service's is rejected.",
+    )
+    max_event_bytes: Annotated[int, Flag("--max-event-bytes")] = _limit(
+        "max_event_bytes", "Largest event accepted, in bytes; a larger one is rejected unread.")
+    max_chunks: Annotated[int, Flag("--max-chunks")] = _limit(
+        "max_chunks", "Most chunks one event may carry.")
+    max_chunk_chars: Annotated[int, Flag("--max-chunk-chars")] = _limit(
+        "max_chunk_chars", "Longest chunk text accepted, in characters.")
+    max_question_chars: Annotated[int, Flag("--max-question-chars")] = _limit(
+        "max_question_chars", "Longest question accepted, in characters.")
+    max_chunk_id_chars: Annotated[int, Flag("--max-chunk-id-chars")] = _limit(
+        "max_chunk_id_chars", "Longest chunk id accepted, in characters: an id is copied into "
+        "the outputs, so it bounds what one event costs per input byte.")
+    # The worker's runtime.
+    processing_guarantee: Annotated[
+        Literal["at_least_once", "exactly_once"], Flag("--processing-guarantee")
+    ] = Field(default="at_least_once", description="at_least_once (faust) or exactly_once "
+              "(each event's outputs and its offset in one transaction).")
+    transactional_id: Annotated[str | None, Flag("--transactional-id")] = Field(
+        default=None,
+        description="exactly_once only: the prefix of the transactional ids, one per input "
+        "partition (<prefix>-<topic>-<partition>), the same on every replica, so that a "
+        "partition's next owner fences its previous one. Unset: the group id.",
+    )
+    http_host: Annotated[str, Flag("--http-host")] = Field(
+        default="127.0.0.1",
+        description="Where the worker's /metrics, /health and /ready listen: this machine only "
+        "by default; 0.0.0.0 in a container, for probes and scrapes from outside it.",
+    )
+    http_port: Annotated[int, Flag("--http-port")] = Field(
+        default=8080, ge=0, le=65535, description="The port of the worker's /metrics, /health "
+        "and /ready.")
+    retry_backoff_max_seconds: Annotated[float, Flag("--retry-backoff-max-seconds")] = Field(
+        default=5.0, gt=0, allow_inf_nan=False,
+        description="Longest wait between two attempts to publish or commit.")
+    max_message_bytes: Annotated[int, Flag("--max-message-bytes")] = Field(
+        default=DEFAULT_MAX_MESSAGE_BYTES, ge=MIN_MESSAGE_BYTES,
+        description="Largest record the worker publishes (key, value, headers and overhead), "
+        "and the producers' max_request_size; at most the topics' max.message.bytes. An "
+        "output over it goes to the DLQ as output_too_large; a dead letter over it is cut.",
+    )
+    compression_type: Annotated[
+        Literal["none", "gzip", "snappy", "lz4", "zstd"], Flag("--compression-type")
+    ] = Field(
+        default="zstd",
+        description="The codec of every record batch the worker and the CLI's producers "
+        "publish (bench/README.md has each one's bytes and CPU). Input is decoded whatever "
+        "its codec.",
+    )
+    shutdown_grace_seconds: Annotated[float, Flag("--shutdown-grace-seconds")] = Field(
+        default=20.0, gt=0, allow_inf_nan=False,
+        description="SIGTERM to exit, at most: in-flight events get half of it to be delivered. "
+        "Keep it under Kubernetes' terminationGracePeriodSeconds (30).",
+    )
+    session_timeout_seconds: Annotated[float, Flag("--session-timeout-seconds")] = Field(
+        default=10.0, ge=6, le=300, description="How long a silent replica keeps its partitions."
+    )
+    group_instance_id: Annotated[str | None, Flag("--group-instance-id")] = Field(
+        default=None,
+        description="Static group membership (KIP-345), unique and stable per replica (a "
+        "StatefulSet pod's name): restarted within the session timeout, the replica gets its "
+        "partitions back without a group-wide rebalance; killed, it holds them that long; "
+        "stopped (SIGTERM) it leaves the group at once. Unset (or empty): a dynamic member.",
+    )
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], Flag("--log-level")] = Field(
+        default="INFO", description="JSON log lines on stderr at this level and above.")
+    # The HTTP endpoint (`serve`).
+    serve_host: Annotated[str, Flag("--host")] = Field(
+        default="127.0.0.1", min_length=1,
+        description="Where serve listens: this machine only by default; 0.0.0.0 to listen "
+        "beyond it.")
+    serve_port: Annotated[int, Flag("--port")] = Field(
+        default=8000, ge=0, le=65535, description="serve's port (0: any free port).")
+    max_pending: Annotated[int, Flag("--max-pending")] = Field(
+        default=64, ge=1,
+        description="Requests waiting for the engine at once, and bodies held of this many "
+        "times max_event_bytes; more get 503.")
+    body_timeout_seconds: Annotated[float, Flag("--body-timeout")] = Field(
+        default=10.0, gt=0, allow_inf_nan=False,
+        description="Seconds a request body may take to arrive after its head (a slower client "
+        "gets 408), and its answer to be read.")
+    idle_timeout_seconds: Annotated[float, Flag("--idle-timeout")] = Field(
+        default=75.0, gt=0, allow_inf_nan=False,
+        description="Seconds a connection may wait for a complete request head, idle or slow, "
+        "before it is closed; behind a load balancer, set it above the balancer's idle timeout.")
+    # Connecting to a secured cluster (docs/secured-cluster.md): every Kafka client of the
+    # worker and of the CLI is built from these (context_assembler.kafka.connection). No
+    # flags: a secret on a command line is visible to every user of the machine.
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="How the Kafka clients connect.")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = (
+        Field(default=None, description="SASL_* protocols: how the client authenticates."))
+    sasl_username: str | None = Field(
+        default=None, description="PLAIN and SCRAM: the client's user name.")
+    sasl_password: SecretStr | None = Field(
+        default=None, description="PLAIN and SCRAM: the password (never logged); or "
+        "sasl_password_file.")
+    sasl_password_file: Path | None = Field(
+        default=None, description="PLAIN and SCRAM: a file holding the password.")
+    sasl_oauthbearer_token_file: Path | None = Field(
+        default=None, description="OAUTHBEARER: the token's file, read again whenever the "
+        "client authenticates, so a token rotated in place (a projected service-account "
+        "token, a sidecar) is picked up.")
+    ssl_ca_file: Path | None = Field(
+        default=None, description="PEM CA bundle; default: the system's trusted CAs.")
+    ssl_cert_file: Path | None = Field(
+        default=None, description="Mutual TLS: the client's PEM certificate.")
+    ssl_key_file: Path | None = Field(
+        default=None, description="Mutual TLS: the client certificate's PEM key.")
+    ssl_key_password_file: Path | None = Field(
+        default=None, description="Mutual TLS: a file holding the key's password.")
+    ssl_check_hostname: bool = Field(
+        default=True, description="Whether the broker's certificate must name the host.")
+
+    @field_validator("allowed_policies", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("compression_type")
+    @classmethod
+    def _codec_installed(cls, value: str) -> str:
+        if not _codec_available(value):  # fail at start, not at the first send
+            raise ValueError(f"{value} needs the {CODEC_PACKAGE} package ({INSTALL})")
+        return value
+
+    @field_validator("group_instance_id", "sasl_mechanism", "sasl_username", "sasl_password",
+                     "sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
+                     "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return value.strip() or None if isinstance(value, str) else value
+
+    @field_validator("sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
+                     "ssl_cert_file", "ssl_key_file", "ssl_key_password_file")
+    @classmethod
+    def _readable_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                with path.open("rb") as stream:
+                    stream.read(1)
+            except OSError as error:
+                raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+        return path
+
+    @model_validator(mode="after")
+    def _coherent_security(self) -> Settings:
+        """Fail closed: a credential or certificate the protocol would ignore is an error,
+        not a connection quietly made without it."""
+        problems = security_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _distinct_topics(self) -> Settings:
+        topics = [self.input_topic, self.prompts_topic, self.audit_topic, self.dlq_topic,
+                  self.policies_topic]
+        if len(set(topics)) != len(topics):
+            raise ValueError(
+                f"input, prompts, audit, dlq and policies topics must differ: {topics}")
+        return self
+
+    @property
+    def producer_compression(self) -> str | None:
+        """compression_type as aiokafka's producers take it (None: uncompressed)."""
+        return None if self.compression_type == "none" else self.compression_type
+
+    @property
+    def limits(self) -> Limits:
+        return Limits.model_validate({name: getattr(self, name) for name in Limits.model_fields})
+
+    @property
+    def transactional_id_prefix(self) -> str:
+        """What every transactional id of the worker starts with (its ACL is PREFIXED)."""
+        return f"{self.transactional_id or self.group_id}-"
+
+    def transactional_id_for(self, topic: str, partition: int) -> str:
+        """The transactional id of whichever replica holds input partition `partition`."""
+        return f"{self.transactional_id_prefix}{topic}-{partition}"
+
+
+def security_problems(settings: Settings) -> list[str]:
+    """What contradicts itself in the security settings, as variable names an operator sets."""
+    protocol = settings.security_protocol
+    sasl = protocol.startswith("SASL_")
+    tls = protocol.endswith("SSL")
+    mechanism = settings.sasl_mechanism
+    problems = []
+    if sasl and mechanism is None:
+        problems.append(f"ASSEMBLER_SECURITY_PROTOCOL={protocol} needs ASSEMBLER_SASL_MECHANISM")
+    sasl_given = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password",
+                                    "sasl_password_file", "sasl_oauthbearer_token_file")
+                  if getattr(settings, name) is not None]
+    if not sasl and sasl_given:
+        problems.append(f"ASSEMBLER_{sasl_given[0].upper()} needs ASSEMBLER_SECURITY_PROTOCOL "
+                        f"SASL_SSL or SASL_PLAINTEXT (it is {protocol})")
+    tls_given = [name for name in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file",
+                                   "ssl_key_password_file")
+                 if getattr(settings, name) is not None]
+    if not settings.ssl_check_hostname:
+        tls_given.append("ssl_check_hostname")
+    if not tls and tls_given:
+        problems.append(f"ASSEMBLER_{tls_given[0].upper()} needs ASSEMBLER_SECURITY_PROTOCOL "
+                        f"SSL or SASL_SSL (it is {protocol})")
+    if (settings.ssl_cert_file is None) != (settings.ssl_key_file is None):
+        problems.append("ASSEMBLER_SSL_CERT_FILE and ASSEMBLER_SSL_KEY_FILE go together")
+    if settings.ssl_key_password_file is not None and settings.ssl_key_file is None:
+        problems.append("ASSEMBLER_SSL_KEY_PASSWORD_FILE needs ASSEMBLER_SSL_KEY_FILE")
+    if sasl and mechanism == "OAUTHBEARER":
+        if settings.sasl_oauthbearer_token_file is None:
+            problems.append("ASSEMBLER_SASL_MECHANISM=OAUTHBEARER needs "
+                            "ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE")
+        if settings.sasl_username or settings.sasl_password or settings.sasl_password_file:
+            problems.append("ASSEMBLER_SASL_MECHANISM=OAUTHBEARER takes a token file, not "
+                            "ASSEMBLER_SASL_USERNAME or a password")
+    elif sasl and mechanism is not None:
+        if not settings.sasl_username:
+            problems.append(f"ASSEMBLER_SASL_MECHANISM={mechanism} needs ASSEMBLER_SASL_USERNAME")
+        if (settings.sasl_password is None) == (settings.sasl_password_file is None):
+            problems.append(f"ASSEMBLER_SASL_MECHANISM={mechanism} needs one of "
+                            "ASSEMBLER_SASL_PASSWORD or ASSEMBLER_SASL_PASSWORD_FILE")
+        if settings.sasl_oauthbearer_token_file is not None:
+            problems.append("ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE needs "
+                            "ASSEMBLER_SASL_MECHANISM=OAUTHBEARER")
+    return problems
+
+
+# Which settings each command reads: the command line offers the flags of these.
+_SECURITY = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
+             "sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
+             "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", "ssl_check_hostname")
+_KAFKA = ("bootstrap_servers", *_SECURITY)
+_TOPICS = ("input_topic", "prompts_topic", "audit_topic", "dlq_topic", "policies_topic")
+_ASSEMBLING = ("policy_file", "allowed_policies", *Limits.model_fields)
+_SERVING = ("serve_host", "serve_port", "max_pending", "body_timeout_seconds",
+            "idle_timeout_seconds")
+COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
+    "assemble": _ASSEMBLING,
+    "explain": (*_ASSEMBLING, *_KAFKA, "audit_topic", "policies_topic"),
+    "sweep": _ASSEMBLING,
+    "worker": tuple(name for name in Settings.model_fields if name not in _SERVING),
+    "acls": ("bootstrap_servers", *_TOPICS, "group_id", "processing_guarantee",
+             "transactional_id"),
+    "topics create": (*_KAFKA, *_TOPICS, "max_message_bytes"),
+    "produce": (*_KAFKA, "input_topic", "prompts_topic", "dlq_topic", "compression_type"),
+    "tail": (*_KAFKA, "prompts_topic", "audit_topic", "dlq_topic"),
+    "replay": (*_KAFKA, *_ASSEMBLING, "input_topic", "prompts_topic", "audit_topic",
+               "policies_topic", "compression_type"),
+    "serve": (*_SERVING, "log_level", *_ASSEMBLING),
+    "policy": ("policy_file", *_KAFKA, "policies_topic"),
+    "redrive": (*_KAFKA, "dlq_topic", "input_topic", "max_message_bytes", "compression_type"),
+}
+# A command may name a setting's flag its own way (produce sends to --topic), or offer none:
+# replay's --policy may also say `recorded`, so it is replay's own option.
+RENAMED_FLAGS: Final[Mapping[tuple[str, str], str | None]] = {
+    ("produce", "input_topic"): "--topic",
+    ("replay", "policy_file"): None,
+}
+
+
+def flag_of(name: str, command: str | None = None) -> Flag | None:
+    """The flag of setting `name` (as `command` names it), None if only the environment
+    sets it."""
+    flag = next((m for m in Settings.model_fields[name].metadata if isinstance(m, Flag)), None)
+    key = (command or "", name)
+    if flag is None or key not in RENAMED_FLAGS:
+        return flag
+    renamed = RENAMED_FLAGS[key]
+    return None if renamed is None else Flag(renamed, flag.repeatable)
+
+
+def variable_of(name: str) -> str:
+    return f"{ENV_PREFIX}{name.upper()}"
+
+
+def _named(location: tuple[int | str, ...], command: str | None) -> str:
+    """The variable and the flag of the setting an error is about."""
+    if not location:
+        return "(settings)"
+    name = str(location[0])
+    flag = flag_of(name, command) if name in Settings.model_fields else None
+    return variable_of(name) + (f" ({flag.option})" if flag is not None else "")
+
+
+def load_settings(flags: Mapping[str, Any] | None = None, command: str | None = None) -> Settings:
+    """The settings: each of `flags` (setting name -> the value given on `command`'s command
+    line) over its ASSEMBLER_ variable, over its default."""
+    try:
+        return Settings(**(flags or {}))
+    except ValidationError as error:
+        problems = "; ".join(f"{_named(e['loc'], command)}: {e['msg']}" for e in error.errors())
+        raise SettingsError(f"invalid settings: {problems}") from None
+
+
+# The reference, docs/settings.md, generated from the model.
+
+
+_TYPE_NAMES: Final[Mapping[object, str]] = {
+    str: "text", int: "whole number", float: "number", bool: "true or false",
+    Path: "file path", SecretStr: "secret text",
+}
+
+
+def _type_of(annotation: object) -> str:
+    """A setting's type in an operator's words."""
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
+    if get_origin(annotation) is tuple:
+        return f"list of {_type_of(get_args(annotation)[0])}"
+    given = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if len(given) == 1:  # X | None: unset is shown as the default
+        return _type_of(given[0])
+    return _TYPE_NAMES[annotation]
+
+
+def shown_default(field: FieldInfo) -> str:
+    """A setting's default as its help and the reference show it."""
+    default = field.get_default()
+    return "unset" if default in (None, ()) else str(default)
+
+
+def _readers(name: str) -> str:
+    return ", ".join(command for command, names in COMMANDS.items() if name in names)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _rows() -> Iterator[str]:
+    for name, field in Settings.model_fields.items():
+        flag = flag_of(name)
+        option = f"`{flag.option}`" + (" (repeatable)" if flag.repeatable else "") if flag else "-"
+        yield "| " + " | ".join([
+            f"`{variable_of(name)}`", option, _type_of(field.annotation),
+            _cell(f"`{shown_default(field)}`"), _cell(field.description or ""),
+            _readers(name),
+        ]) + " |"
+
+
+def reference() -> str:
+    """docs/settings.md: every setting, its variable, flag, type, default and description."""
+    renamed = " ".join(
+        f"`{command}` takes `{option}` for `{variable_of(name)}`." if option else
+        f"`{command}` has an option of its own for `{variable_of(name)}` (see its --help)."
+        for (command, name), option in RENAMED_FLAGS.items())
+    return "\n".join([
+        "# Settings",
+        "",
+        "<!-- Generated by `python -m context_assembler.settings` from "
+        "worker/context_assembler/settings.py; edit the model, not this file. -->",
+        "",
+        "Every command reads its settings from one model: each setting from its `ASSEMBLER_` "
+        "environment variable or, where it has one, its command-line flag. A flag given wins "
+        "over the variable, and the variable over the default. Invalid settings stop the "
+        "command at start (exit 2) with one line naming each bad setting by its variable and "
+        "its flag. The security settings have no flag: a secret on a command line is visible "
+        f"to every user of the machine. {renamed}",
+        "",
+        "| Variable | Flag | Type | Default | Description | Read by |",
+        "|---|---|---|---|---|---|",
+        *_rows(),
+        "",
+    ])
+
+
+def main(argv: list[str]) -> int:
+    """Write the reference to the file named (default docs/settings.md)."""
+    target = Path(argv[0] if argv else "docs/settings.md")
+    target.write_text(reference(), "utf-8")
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
