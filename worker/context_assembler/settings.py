@@ -173,7 +173,7 @@ class Settings(BaseSettings):
     )
     group_instance_id: Annotated[str | None, Flag("--group-instance-id")] = Field(
         default=None,
-        description="Static group membership (KIP-345), unique and stable per replica (a "
+        description="Static group membership: an id unique and stable per replica (a "
         "StatefulSet pod's name): restarted within the session timeout, the replica gets its "
         "partitions back without a group-wide rebalance; killed, it holds them that long; "
         "stopped (SIGTERM) it leaves the group at once. Unset (or empty): a dynamic member.",
