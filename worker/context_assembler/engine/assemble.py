@@ -109,8 +109,7 @@ def _plan_budget(
 
 
 # What `render.header` reads of a chunk, per style (the chunk_id for `chunk.document` too),
-# read from the model's `__dict__` in one C call: attribute access on a model costs twice as
-# much, and every chunk of an event is costed.
+# from the chunk's fields by name (`Candidate.fields`): every chunk of an event is costed.
 _HEADER_FIELDS: Final[dict[HeaderStyle, Callable[[dict[str, Any]], facts.Fields]]] = {
     "full": operator.itemgetter(
         "chunk_id", "doc_id", "title", "doc_type", "version", "effective_from",
@@ -154,7 +153,7 @@ class _PassageCosts:
     def tokens(self, candidate: Candidate, text: str) -> int:
         """What `text` costs as the passage of `candidate`. Every chunk of an event is
         costed, most only to be dropped, so this is one call; packing may ask twice."""
-        fields = self._fields(candidate.chunk.__dict__)
+        fields = self._fields(candidate.fields)
         if text is candidate.text:
             tokens = facts.passage_cost(candidate.facts, self._rendering, fields)
             if tokens is None:
