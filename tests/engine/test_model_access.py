@@ -20,7 +20,7 @@ from context_assembler.contract.models import (
     HistoryTurn,
     RetrievalResult,
 )
-from context_assembler.engine.assemble import _HEADER_FIELDS
+from context_assembler.engine.assembling import _HEADER_FIELDS
 from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.model_access import chunk_document, fields_of, tuple_maker
 from tests.factories import chunk
