@@ -125,3 +125,9 @@ def test_a_resized_cache_evicts_the_least_recently_used() -> None:
 def test_function_caches_register_by_name_only() -> None:
     with pytest.raises(ValueError, match="no engine cache is named"):
         caches.register_function_cache("typo", functools.lru_cache(maxsize=1)(len))
+
+
+def test_entry_bounds_are_read_from_the_registry() -> None:
+    assert caches.max_entries("question_words") == compress._question_words.cache_info().maxsize == 1
+    with pytest.raises(ValueError, match="bounded in bytes"):
+        caches.max_entries("words")

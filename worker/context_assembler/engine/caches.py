@@ -81,6 +81,14 @@ def _byte_cap(name: str) -> int:
     return cap
 
 
+def max_entries(name: str) -> int:
+    """The entry bound of the cache registered as `name`, for its `functools.lru_cache`."""
+    entries = _registered(name).max_entries
+    if entries is None:
+        raise ValueError(f"engine cache {name!r} is bounded in bytes, not entries")
+    return entries
+
+
 def sized_cache(name: str, size_of: Callable[[V], int]) -> SizedCache[Any, V]:
     """A new cache under the cap registered as `name`, sized and reset with the others."""
     cache: SizedCache[Any, V] = SizedCache(_byte_cap(name), size_of)

@@ -29,9 +29,7 @@ def content_words(text: str) -> frozenset[str]:
 # Every passage of an event may be compressed against the same question: split it once per
 # event, not once per passage (a 20,000-character question times 2,000 chunks). One entry:
 # the memory of one question, which the codec's limits bound.
-_question_words = functools.lru_cache(maxsize=caches.CACHES["question_words"].max_entries)(
-    content_words
-)
+_question_words = functools.lru_cache(caches.max_entries("question_words"))(content_words)
 caches.register_function_cache("question_words", _question_words)
 
 

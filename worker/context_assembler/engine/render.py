@@ -32,9 +32,8 @@ from context_assembler.engine.policy import HeaderStyle, LabelScheme, RenderPoli
 
 OPEN, CLOSE = "<documents>", "</documents>"
 NO_PASSAGES = "No passage could be used for this question: say that you do not know."
-# Header fields and dates recur across requests; formatting them costs more than a look-up.
-_FIELD_ENTRIES: Final = caches.CACHES["header_fields"].max_entries
-_VALIDITY_ENTRIES: Final = caches.CACHES["validity"].max_entries
+# Header fields and dates recur across requests; formatting them costs more than a look-up
+# (`caches`: "header_fields" and "validity").
 CACHED_FIELD_CHARS: Final = 200  # longer values are rare: not worth their memory
 
 # The only characters that fold to "<", "[", "]" or "/".
@@ -166,7 +165,7 @@ def _one_line(value: str) -> str:
     return " ".join(value.split()).translate(_HEADER_DELIMITERS)
 
 
-_one_line_short = functools.lru_cache(maxsize=_FIELD_ENTRIES)(_one_line)  # values recur
+_one_line_short = functools.lru_cache(caches.max_entries("header_fields"))(_one_line)
 caches.register_function_cache("header_fields", _one_line_short)
 
 
@@ -189,7 +188,7 @@ def label_for(scheme: LabelScheme, position: int, chunk_id: str) -> str:
             assert_never(scheme)
 
 
-@functools.lru_cache(maxsize=_VALIDITY_ENTRIES)
+@functools.lru_cache(caches.max_entries("validity"))
 def _validity(effective_from: date | None, effective_to: date | None) -> str:
     if effective_from is not None:
         end = f" to {effective_to}" if effective_to else ", no end date"
