@@ -206,8 +206,8 @@ def _records(
         citations=[
             Citation(
                 label=label,
-                chunk_id=item.candidate.chunk.chunk_id,
-                doc_id=item.candidate.chunk.document,
+                chunk_id=item.candidate.chunk_id,
+                doc_id=item.candidate.document,
                 source=item.candidate.chunk.source,
                 title=item.candidate.chunk.title,
                 section=item.candidate.chunk.section,
@@ -243,8 +243,8 @@ def _kept(shown: _Rendered, counter: TokenCounter) -> list[KeptChunk]:
     """The audit of each passage shown, in context order, with its own token count."""
     return [
         KeptChunk(
-            chunk_id=item.candidate.chunk.chunk_id,
-            doc_id=item.candidate.chunk.document,
+            chunk_id=item.candidate.chunk_id,
+            doc_id=item.candidate.document,
             rank=item.candidate.rank,
             label=label,
             tokens=counter.count(text),
