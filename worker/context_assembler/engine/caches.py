@@ -6,23 +6,23 @@ costs) from one request to the next, since recounting them is most of an assembl
 No cached value depends on anything but the text it is keyed by, so none changes an output.
 
 As tiktoken keeps its `ENCODINGS` in one dict, the caches are named here (`CACHES`), each
-with its byte cap, so that an operator can size them (`configure`) and a test can start from
-nothing (`reset`). The caches themselves live where they are used and register here when
-they are made (`sized_cache`, `count_cache`, `register_function_cache`). Two lazy loaders
-are not caches and are not listed: `tokens.get_counter` keeps one counter per tokenizer (each
-counter's counts are the `tokens` cache) and `guard` compiles one pattern on first use.
+with its cap (in bytes; a few small ones in entries), so that an operator can size them
+(`configure`) and a test can start from nothing (`reset`). The caches themselves live where
+they are used and register here when made (`sized_cache`, `count_cache`,
+`register_function_cache`). Two lazy loaders are not caches and are not listed:
+`tokens.get_counter` keeps one counter per tokenizer (each counter's counts are the `tokens`
+cache) and `guard` compiles one pattern on first use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
 from weakref import WeakSet
 
 from context_assembler.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache
 
-K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 MiB: Final = 2**20
