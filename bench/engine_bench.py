@@ -54,7 +54,7 @@ import tiktoken
 
 from bench.corpus import COPY_SHARE, Corpus
 from context_assembler.contract.models import Chunk, DropReason, RetrievalResult
-from context_assembler.engine import Assembly, Policy, assemble, facts, words
+from context_assembler.engine import Assembly, Policy, assemble, caches
 from context_assembler.engine.tokens import HuggingFaceCounter, TiktokenCounter, get_counter
 from context_assembler.engine.vocabulary import load_encoding
 from context_assembler.intake.codec import Limits, encode
@@ -198,12 +198,6 @@ def engine_outcome(assembly: Assembly) -> Outcome:
 
 def tiktoken_alone(encoding: tiktoken.Encoding, rendered: Sequence[str]) -> int:
     return sum(len(encoding.encode_ordinary(text)) for text in rendered)
-
-
-def clear_engine_caches(counter: TiktokenCounter) -> None:
-    counter.cache.clear()
-    words.CACHE.clear()
-    facts.FACTS.clear()
 
 
 def naive_file(source: Path, out: Path) -> None:
@@ -369,7 +363,7 @@ class Bench:
             naive: Outcome | None = None
             for step in ROTATIONS[i % len(ROTATIONS)]:  # who goes first rotates
                 if step == "engine":
-                    clear_engine_caches(self.counter)
+                    caches.reset()
                     ns, assembly = timed(self._engine(case.event))
                     row.engine.append(ns)
                 elif step == "baseline":
@@ -412,7 +406,7 @@ def pipeline(bench: Bench, repeats: tuple[int, int], large: int) -> Pipeline:
     for i in range(repeats[1]):
         raw = encode(corpus.cold_event(PIPELINE_CHUNKS, i))
         gc.collect()
-        clear_engine_caches(bench.counter)
+        caches.reset()
         result.cold.append(timed(functools.partial(run, raw))[0])
     corpus = Corpus(bench.seed * 31 + PIPELINE_LARGE_CHUNKS)
     pairs = [(encode(a), encode(b)) for a, b in corpus.warm_events(PIPELINE_LARGE_CHUNKS, large)]
@@ -475,8 +469,7 @@ def tokenizer_cost(bench: Bench, events: int) -> TokenizerCost:
         case = cold_case(corpus, HF_CHUNKS, i)
         gc.collect()
         for name in (list(policies) if i % 2 == 0 else list(policies)[::-1]):
-            clear_engine_caches(bench.counter)
-            hf_counter.cache.clear()
+            caches.reset()
             run = functools.partial(assemble, case.event, policies[name])
             cost.engine[name].append(timed(run)[0])
             ns, tokens = timed(functools.partial(encoded, alone[name], case.rendered))

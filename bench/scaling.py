@@ -31,9 +31,7 @@ from pathlib import Path
 from typing import Final
 
 from bench.corpus import Corpus
-from bench.engine_bench import clear_engine_caches
-from context_assembler.engine import Policy
-from context_assembler.engine.tokens import TiktokenCounter, get_counter
+from context_assembler.engine import Policy, caches
 from context_assembler.intake.codec import Limits, encode
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
@@ -86,12 +84,10 @@ def warm(size: int, events: int, policy: Policy) -> list[int]:
 
 def cold(size: int, events: int, policy: Policy) -> list[int]:
     run, corpus = _runner(size, policy), Corpus(SEED * 37 + size)
-    counter = get_counter(policy.tokenizer.encoding)
-    assert isinstance(counter, TiktokenCounter)
     samples = []
     for index in range(events):
         raw = encode(corpus.cold_event(size, index))
-        clear_engine_caches(counter)
+        caches.reset()
         samples.append(_cpu_ns(run, raw))
     return samples
 

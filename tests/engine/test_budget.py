@@ -5,12 +5,16 @@ from context_assembler.engine.tokens import CharsPerFour
 
 
 def test_window_math_of_seed_002() -> None:
-    split = split_window(8192, 1024, 65, safety_margin=0.05, history_share=0.40)
+    policy = BudgetPolicy(window=8192, max_output=1024, safety_margin=0.05, history_share=0.40)
+    split = split_window(policy, 8192, 65)
     assert (split.safe_input, split.history, split.docs) == (6809, 2697, 4047)
 
 
 def test_seed_004_reserves_the_answer_and_an_absolute_margin_first() -> None:
-    split = split_window(8192, 1024, 0, safety_margin=0.0, safety_tokens=128, history_share=0.0)
+    policy = BudgetPolicy(
+        window=8192, max_output=1024, safety_margin=0.0, safety_tokens=128, history_share=0.0
+    )
+    split = split_window(policy, 8192, 0)
     assert split.safe_input == 7040
 
 

@@ -16,13 +16,13 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from context_assembler.contract.models import RetrievalResult
-from context_assembler.engine import assemble, facts, words
+from context_assembler.engine import assemble, caches, facts, words
 from context_assembler.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache, text_key
 from context_assembler.engine.policy import Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter
@@ -203,19 +203,27 @@ def test_word_sets_of_long_texts_are_not_cached() -> None:
     assert len(words.CACHE) == before
 
 
-def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def configure_caches() -> Iterator[Callable[..., None]]:
+    """`caches.configure`, from empty caches; the default caps come back afterwards."""
+    defaults = {name: c.max_bytes for name, c in caches.CACHES.items() if c.max_bytes is not None}
+    caches.reset()
+    yield caches.configure
+    caches.configure(**defaults)
+
+
+def test_a_stream_of_events_leaves_every_cache_under_its_cap(
+    configure_caches: Callable[..., None],
+) -> None:
     """What 776 MB of RSS was made of: word sets of 40 x 99 KB chunks, event after event.
 
     The caps are small here so that the stream overflows them; the accounting is what is
     checked (bench/memory_bench.py measures the process at full size).
     """
-    word_cache: SizedCache[tuple[str, str | None], words.Words] = SizedCache(256 * 1024, words._entry_bytes)
-    monkeypatch.setattr(words, "CACHE", word_cache)
-    facts_cache: SizedCache[int, facts.TextFacts] = SizedCache(64 * 1024, facts._entry_bytes)
-    monkeypatch.setattr(facts, "FACTS", facts_cache)
-    counter = get_counter("cl100k_base")
-    count_cache: BoundedCache[int] = BoundedCache(300)
-    monkeypatch.setattr(counter, "cache", count_cache)
+    configure_caches(words=256 * 1024, facts=64 * 1024, tokens=300 * COUNT_ENTRY_BYTES)
+    word_cache, facts_cache = words.CACHE, facts.FACTS
+    count_cache = get_counter("cl100k_base").cache  # type: ignore[attr-defined]
+    assert count_cache.max_entries == 300
     rng = random.Random(5)
     for _ in range(3):  # long chunks: none may be cached
         long = [chunk(f"c{i}", prose(rng, 20_000), doc_id=f"d{i}") for i in range(4)]
@@ -233,11 +241,13 @@ def test_a_stream_of_events_leaves_every_cache_under_its_cap(monkeypatch: pytest
     assert all(len(text) <= words.WORD_CACHE_MAX_CHARS for text, _ in word_cache._entries)
 
 
-def test_passage_costs_are_charged_for_their_header_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_passage_costs_are_charged_for_their_header_fields(
+    configure_caches: Callable[..., None],
+) -> None:
     """Passage costs are kept across requests, keyed by header fields the producer chose:
     long titles must cost their bytes, and the cap must bind."""
-    costs: SizedCache[int, facts.TextFacts] = SizedCache(64 * 1024, facts._entry_bytes)
-    monkeypatch.setattr(facts, "FACTS", costs)
+    configure_caches(facts=64 * 1024)
+    costs = facts.FACTS
     rng = random.Random(6)
     for n in range(3):
         chunks = [
@@ -297,7 +307,7 @@ def test_copies_of_one_text_in_two_documents_are_costed_once(
 def test_copies_in_one_event_leave_one_answer_a_question() -> None:
     """Two candidates of one text in one event each start from what was known before it:
     the second to learn an answer replaces the first's, never holds it twice."""
-    facts.FACTS.clear()
+    caches.reset()
     body = prose(random.Random(11), 1_500)
     same = {"doc_id": "d", "title": "Guide"}
     event = RetrievalResult(request_id="r", question="pump?", chunks=[
@@ -321,7 +331,7 @@ def test_a_cached_passage_cost_is_the_cost_of_its_rendering() -> None:
         policy = load_preset(preset)
         assemble(first, policy)
         warm = assemble(again, policy)
-        facts.FACTS.clear()
+        caches.reset()
         assert assemble(again, policy) == warm, preset
 
 
@@ -344,14 +354,14 @@ def test_a_text_seen_under_other_header_fields_or_titles_is_costed_and_compared_
     ]
     fresh = []
     for event, policy in cases:
-        facts.FACTS.clear()
+        caches.reset()
         fresh.append(assemble(event, policy))
     reasons = [[(d.chunk_id, d.reason, d.detail) for d in f.audit.dropped] for f in fresh]
     # The copy's body is c1's without the title line: a copy unless "Other" keeps the line.
     assert [[d[1] for d in r] for r in reasons[:3]] == [["near_duplicate"]] * 2 + [[]]
     assert len({r[0][2] for r in reasons[3:]}) == 3  # each header costs its own tokens
     runs = list(zip(cases, fresh, strict=True))
-    facts.FACTS.clear()
+    caches.reset()
     for (event, policy), expected in runs[::-1] + runs + runs[::-1]:  # each after the others
         assert assemble(event, policy) == expected
 

@@ -1,7 +1,7 @@
 from context_assembler.contract.models import Chunk
 from context_assembler.engine.candidate import Candidate
 from context_assembler.engine.dedup import CopyDetector
-from context_assembler.engine.pack import pack
+from context_assembler.engine.pack import Packing, pack
 from context_assembler.engine.policy import CompressPolicy, DedupPolicy, SelectPolicy
 from context_assembler.engine.tokens import get_counter
 from tests.factories import chunk
@@ -19,14 +19,15 @@ def run(chunks: list[Chunk], tokens: dict[str, int] | None, budget: int, *,
 
     from context_assembler.engine.compress import extract_relevant
 
-    kept, dropped = pack(
-        [Candidate(i, c) for i, c in enumerate(chunks, start=1)],
+    packing = Packing(
         budget=budget,
-        policy=SelectPolicy.model_validate(select),
+        select=SelectPolicy.model_validate(select),
         compress=CompressPolicy.model_validate({"mode": compress}),
-        detector=CopyDetector(DedupPolicy()),
         cost=cost,
         shrink=lambda c: extract_relevant(c.chunk.text, question, 1),
+    )
+    kept, dropped = pack(
+        [Candidate(i, c) for i, c in enumerate(chunks, start=1)], packing, CopyDetector(DedupPolicy())
     )
     assert len(kept) + len(dropped) == len(chunks)
     return [p.candidate.chunk.chunk_id for p in kept], {d.chunk_id: d.reason.value for d in dropped}

@@ -22,18 +22,13 @@ class WindowSplit:
     docs: int
 
 
-def split_window(
-    window: int,
-    max_output: int,
-    fixed: int,
-    *,
-    safety_margin: float = 0.05,
-    safety_tokens: int = 0,
-    history_share: float = 0.4,
-) -> WindowSplit:
-    safe_input = int((window - max_output) * (1 - safety_margin)) - safety_tokens
+def split_window(policy: BudgetPolicy, window: int, fixed: int) -> WindowSplit:
+    """`window` (the policy's, once checked to be set) split under `policy`'s margins."""
+    safe_input = (
+        int((window - policy.max_output) * (1 - policy.safety_margin)) - policy.safety_tokens
+    )
     remaining = max(0, safe_input - fixed)
-    history = int(remaining * history_share)
+    history = int(remaining * policy.history_share)
     return WindowSplit(safe_input, history, remaining - history)
 
 
@@ -71,14 +66,7 @@ def plan(
     if policy.window is None:
         assert policy.context_tokens is not None  # the policy validator guarantees one budget
         return BudgetPlan(policy.context_tokens, None, tuple(history), 0)
-    split = split_window(
-        policy.window,
-        policy.max_output,
-        fixed,
-        safety_margin=policy.safety_margin,
-        safety_tokens=policy.safety_tokens,
-        history_share=policy.history_share,
-    )
+    split = split_window(policy, policy.window, fixed)
     kept = recent_history(history, split.history, counter, policy.message_overhead)
     passages = split.docs
     if policy.context_tokens is not None:

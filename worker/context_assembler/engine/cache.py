@@ -1,4 +1,4 @@
-"""Bounded, thread-safe LRU caches whose size is accounted in bytes.
+"""Bounded, thread-safe LRU caches whose size is accounted in bytes (`caches` names them).
 
 Events are untrusted and a worker lives for weeks: a cache bounded only in entries grows
 with the size of what it holds (15 events of 40 x 99 KB chunks once kept 776 MB alive). So
@@ -115,8 +115,20 @@ class SizedCache(Generic[K, V]):
                 self.nbytes -= self._size_of(old)
             self._entries[key] = value
             self.nbytes += size
-            while self.nbytes > self.max_bytes:
-                self.nbytes -= self._size_of(self._entries.popitem(last=False)[1])
+            self._evict_over_cap()
+
+    def resize(self, max_bytes: int) -> None:
+        """Hold at most `max_bytes` from now on, evicting the least recently used at once."""
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be at least 1")
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict_over_cap()
+
+    def _evict_over_cap(self) -> None:
+        """The least recently used entries go until the rest fit; the lock is held."""
+        while self.nbytes > self.max_bytes:
+            self.nbytes -= self._size_of(self._entries.popitem(last=False)[1])
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -144,6 +156,11 @@ class BoundedCache(SizedCache[int, V]):
             raise ValueError("max_entries must be at least 1")
         super().__init__(max_entries * COUNT_ENTRY_BYTES, _count_entry_bytes)
         self.max_entries = max_entries
+
+    def resize(self, max_bytes: int) -> None:
+        """Hold as many entries as `max_bytes` pays for, at least one."""
+        self.max_entries = max(1, max_bytes // COUNT_ENTRY_BYTES)
+        super().resize(self.max_entries * COUNT_ENTRY_BYTES)
 
     def get_or_compute(self, text: str, compute: Callable[[str], V]) -> V:
         key = text_key(text)

@@ -7,6 +7,7 @@ from typing import Final, NamedTuple
 from context_assembler.contract.models import Chunk, DropReason
 from context_assembler.engine.cache import text_key
 from context_assembler.engine.facts import TextFacts, known, remember_sketch
+from context_assembler.engine.model_access import chunk_document, fields_of, tuple_maker
 from context_assembler.engine.policy import TitleLineRule
 from context_assembler.engine.words import Sketch, chunk_sketch, is_cached, left_out
 
@@ -34,27 +35,31 @@ class Drop(NamedTuple):
     similarity: float | None
 
 
+_new_drop: Final = tuple_maker(Drop)
+
+
 class Candidate:
     """A chunk and its 1-based position in the request's chunk list: the reranker's verdict.
 
     Every chunk of an event becomes one, so it is a plain slotted class (a frozen dataclass
     costs twice as much to make); nothing changes one once made but its `facts`. The chunk
-    fields every stage reads are read here once: each attribute of a pydantic model passes
-    through its `__getattr__` hook, several times the cost of a slot, and a large event's
-    chunks are read a dozen times each on their way to being dropped.
+    fields every stage reads are read here once (`model_access`): an attribute of a pydantic
+    model costs several times a slot, and a large event's chunks are read a dozen times each
+    on their way to being dropped.
     """
 
     __slots__ = (
-        "chunk", "chunk_id", "document", "facts", "rank", "score", "text", "text_key", "title"
+        "chunk", "chunk_id", "document", "facts", "fields", "rank", "score", "text",
+        "text_key", "title",
     )
 
     def __init__(self, rank: int, chunk: Chunk) -> None:
         self.rank = rank
         self.chunk = chunk
-        fields = chunk.__dict__
+        self.fields = fields = fields_of(chunk)  # every field of the chunk, by name
         self.text: str = fields["text"]
         self.chunk_id: str = fields["chunk_id"]
-        self.document: str = fields["doc_id"] or self.chunk_id  # as `Chunk.document`
+        self.document = chunk_document(fields)
         self.title: str | None = fields["title"]
         self.score: float | None = fields["score"]
         # 128 bits of the text, hashed once (a 2 KB text costs more to hash than to look
@@ -84,8 +89,7 @@ class Candidate:
         duplicate_of: str | None = None,
         similarity: float | None = None,
     ) -> Drop:
-        # tuple.__new__ builds in C what Drop's own __new__, a Python function, would.
-        return tuple.__new__(Drop, (
+        return _new_drop((
             self.chunk_id,
             self.document,
             self.rank,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import re
 
+from context_assembler.engine import caches
 from context_assembler.engine.words import words
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -28,7 +29,8 @@ def content_words(text: str) -> frozenset[str]:
 # Every passage of an event may be compressed against the same question: split it once per
 # event, not once per passage (a 20,000-character question times 2,000 chunks). One entry:
 # the memory of one question, which the codec's limits bound.
-_question_words = functools.lru_cache(maxsize=1)(content_words)
+_question_words = functools.lru_cache(caches.max_entries("question_words"))(content_words)
+caches.register_function_cache("question_words", _question_words)
 
 
 def sentences(text: str) -> list[str]:

@@ -19,12 +19,14 @@ sharing the cache never see one half-made and its bytes are accounted exactly.
 from __future__ import annotations
 
 import sys
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
-from context_assembler.engine.cache import SizedCache
+from context_assembler.engine import caches
 from context_assembler.engine.words import Sketch
 
-FACTS_BYTES: Final = 24 * 2**20  # about 20,000 texts, each with a sketch and a cost
+if TYPE_CHECKING:
+    from context_assembler.engine.cache import SizedCache
+
 MAX_VARIANTS: Final = 4  # answers of each kind per text: a few documents sharing it
 # An entry's own cost besides its answers: its 128-bit int key, the TextFacts tuple and its
 # two variant tuples, the OrderedDict slot and node (rounded up).
@@ -60,7 +62,7 @@ def _entry_bytes(facts: TextFacts) -> int:
     return facts.nbytes
 
 
-FACTS: Final[SizedCache[int, TextFacts]] = SizedCache(FACTS_BYTES, _entry_bytes)
+FACTS: Final[SizedCache[int, TextFacts]] = caches.sized_cache("facts", _entry_bytes)
 
 
 def known(key: int) -> TextFacts:

@@ -26,6 +26,25 @@ Shrink = Callable[[Candidate], str | None]
 
 
 @dataclass(frozen=True, slots=True)
+class Packing:
+    """What packing is given besides the candidates: the budget, the rules, and how a
+    passage is costed (`cost`) or compressed (`shrink`).
+
+    Each passage after the first is charged `separator_tokens` besides its own cost: with
+    the separator's count, the budget covers the joined context; with 0, the passages alone
+    (seed 000's sum).
+    """
+
+    budget: int
+    select: SelectPolicy
+    compress: CompressPolicy
+    cost: Cost
+    shrink: Shrink
+    drop_title_line: TitleLineRule = "title"
+    separator_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Packed:
     candidate: Candidate
     text: str  # what will be rendered: the chunk's text, or its extract
@@ -57,26 +76,17 @@ class _Packer:
     passes through `walk` (most of a large one only to be dropped), so what it reads per
     chunk is kept in plain attributes."""
 
-    def __init__(
-        self,
-        budget: int,
-        policy: SelectPolicy,
-        compress: CompressPolicy,
-        detector: CopyDetector,
-        cost: Cost,
-        shrink: Shrink,
-        separator_tokens: int = 0,
-    ) -> None:
-        self.budget = budget
-        self.separator_tokens = separator_tokens
-        self.max_chunks = policy.max_chunks
-        self.compress = compress.mode
+    def __init__(self, packing: Packing, detector: CopyDetector) -> None:
+        self.budget = packing.budget
+        self.separator_tokens = packing.separator_tokens
+        self.max_chunks = packing.select.max_chunks
+        self.compress = packing.compress.mode
         self.detector = detector
-        self.cost = cost
-        self.shrink = shrink
+        self.cost = packing.cost
+        self.shrink = packing.shrink
         self.kept: list[Packed] = []
         self.used = 0
-        self.left = budget  # what the next passage may cost, its separator paid
+        self.left = packing.budget  # what the next passage may cost, its separator paid
         self._left_detail = self._detail_of_left()  # most chunks of a large event need it
         self.full = False  # max_chunks reached
         self.dropped: list[Drop] = []
@@ -179,24 +189,12 @@ class _Packer:
 
 
 def pack(
-    candidates: list[Candidate],
-    *,
-    budget: int,
-    policy: SelectPolicy,
-    compress: CompressPolicy,
-    detector: CopyDetector,
-    cost: Cost,
-    shrink: Shrink,
-    drop_title_line: TitleLineRule = "title",
-    separator_tokens: int = 0,
+    candidates: list[Candidate], packing: Packing, detector: CopyDetector
 ) -> tuple[list[Packed], list[Drop]]:
-    """Returns the kept passages in the order they were chosen, and the dropped ones.
-
-    Each passage after the first is charged `separator_tokens` besides its own cost: with
-    the separator's count, the budget covers the joined context; with 0, the passages alone
-    (seed 000's sum).
-    """
-    packer = _Packer(budget, policy, compress, detector, cost, shrink, separator_tokens)
+    """Returns the kept passages in the order they were chosen, and the dropped ones;
+    `detector` finds the copies of kept passages."""
+    policy, cost = packing.select, packing.cost
+    packer = _Packer(packing, detector)
     eligible: list[Candidate] = []
     for candidate in candidates:
         score = candidate.score
@@ -208,7 +206,7 @@ def pack(
         else:
             eligible.append(candidate)
     if policy.packing == "mmr":
-        packer.mmr(eligible, policy.mmr_lambda, drop_title_line)
+        packer.mmr(eligible, policy.mmr_lambda, packing.drop_title_line)
     elif policy.packing == "density":
         gain = relevance(eligible)
         if gain and min(gain.values()) < 0:  # logits: per-token division needs gains >= 0

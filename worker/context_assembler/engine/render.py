@@ -27,12 +27,13 @@ from datetime import date
 from typing import Final, assert_never
 
 from context_assembler.contract.models import Chunk, HistoryTurn, Message
+from context_assembler.engine import caches
 from context_assembler.engine.policy import HeaderStyle, LabelScheme, RenderPolicy
 
 OPEN, CLOSE = "<documents>", "</documents>"
 NO_PASSAGES = "No passage could be used for this question: say that you do not know."
-# Header fields and dates recur across requests; formatting them costs more than a look-up.
-CACHE_ENTRIES: Final = 16_384
+# Header fields and dates recur across requests; formatting them costs more than a look-up
+# (`caches`: "header_fields" and "validity").
 CACHED_FIELD_CHARS: Final = 200  # longer values are rare: not worth their memory
 
 # The only characters that fold to "<", "[", "]" or "/".
@@ -164,7 +165,8 @@ def _one_line(value: str) -> str:
     return " ".join(value.split()).translate(_HEADER_DELIMITERS)
 
 
-_one_line_short = functools.lru_cache(maxsize=CACHE_ENTRIES)(_one_line)  # values recur
+_one_line_short = functools.lru_cache(caches.max_entries("header_fields"))(_one_line)
+caches.register_function_cache("header_fields", _one_line_short)
 
 
 def _field(value: str | None) -> str:
@@ -186,7 +188,7 @@ def label_for(scheme: LabelScheme, position: int, chunk_id: str) -> str:
             assert_never(scheme)
 
 
-@functools.lru_cache(maxsize=CACHE_ENTRIES)
+@functools.lru_cache(caches.max_entries("validity"))
 def _validity(effective_from: date | None, effective_to: date | None) -> str:
     if effective_from is not None:
         end = f" to {effective_to}" if effective_to else ", no end date"
@@ -194,6 +196,9 @@ def _validity(effective_from: date | None, effective_to: date | None) -> str:
     if effective_to is not None:
         return f"in force until {effective_to}"
     return ""
+
+
+caches.register_function_cache("validity", _validity)
 
 
 def header(chunk: Chunk, label: str, style: HeaderStyle) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from context_assembler.contract.models import Chunk, RetrievalResult
 from context_assembler.engine.errors import SpecialTokenInId
+from context_assembler.engine.model_access import fields_of
 
 # A defused character's entity could, next to the text around it, spell a token again
 # (only a token holding "&", "#", ";" or digits could): a few passes settle any real file.
@@ -82,7 +83,7 @@ class SpecialTokens:
         return next(token for token in self.tokens if text.startswith(token, match.start()))
 
     def _chunk(self, chunk: Chunk, index: int) -> Chunk:
-        fields = chunk.__dict__
+        fields = fields_of(chunk)
         # Printed as "[chunk_id]" (a label) or bare (a header's source, a title's stand-in).
         for name, printed in (("chunk_id", f"[{chunk.chunk_id}]"), ("doc_id", chunk.doc_id)):
             token = self._found_in(printed) if printed is not None else None

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NewType, Protocol
 
-from context_assembler.engine import vocabulary
-from context_assembler.engine.cache import COUNT_ENTRY_BYTES, BoundedCache
+from context_assembler.engine import caches, vocabulary
+from context_assembler.engine.cache import BoundedCache
 from context_assembler.engine.errors import VocabularyUnavailable
 from context_assembler.engine.specials import SpecialTokens
 
@@ -39,9 +39,6 @@ TOKENIZERS: Final[tuple[TokenizerName, ...]] = ("cl100k_base", "o200k_base", "ch
 # A tokenizer.json, by the sha256 of its bytes: what a policy holds once its file is read.
 HfTokenizerName = NewType("HfTokenizerName", str)
 HF_TOKENIZER: Final = re.compile(r"hf:sha256:[0-9a-f]{64}")
-# Counts are keyed by `cache.text_key` (128 bits no event can aim), so an entry costs
-# COUNT_ENTRY_BYTES whatever the text's length: 32 MiB hold about 175,000 texts per encoding.
-TOKEN_CACHE_BYTES: Final = 32 * 2**20
 # tiktoken's `encode_ordinary` lets go of the GIL while it counts: worth it for a long text
 # (the event loop runs meanwhile), but a short one (a question, a seam between two cached
 # parts) is counted in a few microseconds, and then waits for the GIL to come back, up to the
@@ -92,11 +89,11 @@ class TiktokenCounter:
     plain text instead of raising, and is slightly faster than `encode`.
     """
 
-    def __init__(self, encoding: tiktoken.Encoding, cache_bytes: int = TOKEN_CACHE_BYTES) -> None:
+    def __init__(self, encoding: tiktoken.Encoding) -> None:
         self.name = encoding.name
         self._encoding = encoding
         self._core = encoding._core_bpe
-        self.cache: BoundedCache[int] = BoundedCache(cache_bytes // COUNT_ENTRY_BYTES)
+        self.cache: BoundedCache[int] = caches.count_cache("tokens")
 
     def _count_uncached(self, text: str) -> int:
         if len(text) < HOLD_GIL_BELOW_CHARS:
@@ -166,12 +163,7 @@ class HuggingFaceCounter:
     call itself releases the GIL, so other threads run meanwhile.
     """
 
-    def __init__(
-        self,
-        name: HfTokenizerName,
-        tokenizer: tokenizers.Tokenizer,
-        cache_bytes: int = TOKEN_CACHE_BYTES,
-    ) -> None:
+    def __init__(self, name: HfTokenizerName, tokenizer: tokenizers.Tokenizer) -> None:
         self.name = name
         self._tokenizer = tokenizer
         # Read by its server as control tokens: the engine defuses them in what events say.
@@ -179,7 +171,7 @@ class HuggingFaceCounter:
             token.content for token in tokenizer.get_added_tokens_decoder().values()
         )
         self._lock = threading.Lock()
-        self.cache: BoundedCache[int] = BoundedCache(cache_bytes // COUNT_ENTRY_BYTES)
+        self.cache: BoundedCache[int] = caches.count_cache("tokens")
 
     def _count_uncached(self, text: str) -> int:
         try:

@@ -24,12 +24,12 @@ from itertools import filterfalse
 from typing import Final, Literal, NamedTuple
 
 from context_assembler.contract.models import Chunk
+from context_assembler.engine import caches
 from context_assembler.engine.cache import SizedCache
 from context_assembler.engine.policy import TitleLineRule
 
 WORD = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
-WORD_CACHE_BYTES: Final = 56 * 2**20  # a 2 KB passage's entry is 20-30 KB: about 2,200 of them
 WORD_CACHE_MAX_CHARS: Final = 4096  # longer texts are split again on every use
 # Besides the sets, strings and key text: the OrderedDict slot and node, the key tuple, the
 # Words tuple, its size int and its signature (about 310 B together).
@@ -145,9 +145,7 @@ def _entry_bytes(entry: Words | Sketch) -> int:
     return entry.nbytes
 
 
-CACHE: Final[SizedCache[tuple[str, LeftOut], Words]] = SizedCache(
-    WORD_CACHE_BYTES, _entry_bytes
-)
+CACHE: Final[SizedCache[tuple[str, LeftOut], Words]] = caches.sized_cache("words", _entry_bytes)
 
 
 def is_cached(text: str, title: LeftOut) -> bool:
