@@ -242,3 +242,20 @@ def test_the_settings_reference_is_generated_from_the_model() -> None:
     assert committed == reference(), "run: make docs-settings"
     for name in Settings.model_fields:
         assert f"`ASSEMBLER_{name.upper()}`" in committed
+
+
+def test_the_engine_caches_take_the_byte_caps_the_settings_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from context_assembler.engine import caches, words
+
+    defaults = {name: caches.CACHES[name].max_bytes for name in ("facts", "words", "tokens")}
+    try:
+        monkeypatch.setenv("ASSEMBLER_CACHE_FACTS_BYTES", "65536")
+        read_settings(parsed("serve", "--cache-words-bytes", "4096"))
+        assert caches.CACHES["facts"].max_bytes == 65536
+        assert caches.CACHES["words"].max_bytes == 4096
+        assert words.CACHE.max_bytes == 4096  # a live cache shrinks at once
+        assert caches.CACHES["tokens"].max_bytes == defaults["tokens"]
+    finally:
+        caches.configure(**defaults)

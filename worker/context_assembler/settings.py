@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from context_assembler.engine import caches
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.intake.codec import Limits
 
@@ -60,6 +61,11 @@ def _limit(name: str, description: str) -> Any:
     field = copy(Limits.model_fields[name])
     field.description = description
     return field
+
+
+def _cache(name: str, description: str) -> Any:
+    """The byte cap of the engine cache `name`, its default the registry's."""
+    return Field(default=caches.CACHES[name].max_bytes, ge=1, description=description)
 
 
 def _topic(name: str, description: str) -> Any:
@@ -127,6 +133,13 @@ class Settings(BaseSettings):
     max_chunk_id_chars: Annotated[int, Flag("--max-chunk-id-chars")] = _limit(
         "max_chunk_id_chars", "Longest chunk id accepted, in characters: an id is copied into "
         "the outputs, so it bounds what one event costs per input byte.")
+    # The engine's caches (engine/caches.py): what it remembers of popular texts.
+    cache_facts_bytes: Annotated[int, Flag("--cache-facts-bytes")] = _cache(
+        "facts", "Bytes the engine keeps of per-text facts (word sketches, passage costs).")
+    cache_words_bytes: Annotated[int, Flag("--cache-words-bytes")] = _cache(
+        "words", "Bytes the engine keeps of word sets, for the near-copy test.")
+    cache_tokens_bytes: Annotated[int, Flag("--cache-tokens-bytes")] = _cache(
+        "tokens", "Bytes the engine keeps of token counts by text, per tokenizer.")
     # The worker's runtime.
     processing_guarantee: Annotated[
         Literal["at_least_once", "exactly_once"], Flag("--processing-guarantee")
@@ -284,6 +297,11 @@ class Settings(BaseSettings):
         """compression_type as aiokafka's producers take it (None: uncompressed)."""
         return None if self.compression_type == "none" else self.compression_type
 
+    def size_engine_caches(self) -> None:
+        """Give the engine's caches the byte caps these settings name."""
+        caches.configure(facts=self.cache_facts_bytes, words=self.cache_words_bytes,
+                         tokens=self.cache_tokens_bytes)
+
     @property
     def limits(self) -> Limits:
         return Limits.model_validate({name: getattr(self, name) for name in Limits.model_fields})
@@ -350,7 +368,8 @@ _SECURITY = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_passw
              "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", "ssl_check_hostname")
 _KAFKA = ("bootstrap_servers", *_SECURITY)
 _TOPICS = ("input_topic", "prompts_topic", "audit_topic", "dlq_topic", "policies_topic")
-_ASSEMBLING = ("policy_file", "allowed_policies", *Limits.model_fields)
+_CACHES = ("cache_facts_bytes", "cache_words_bytes", "cache_tokens_bytes")
+_ASSEMBLING = ("policy_file", "allowed_policies", *Limits.model_fields, *_CACHES)
 _SERVING = ("serve_host", "serve_port", "max_pending", "body_timeout_seconds",
             "idle_timeout_seconds")
 COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
