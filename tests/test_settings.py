@@ -245,14 +245,16 @@ def test_the_settings_reference_is_generated_from_the_model() -> None:
 
 
 def test_the_engine_caches_take_the_byte_caps_the_settings_name(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     from context_assembler.engine import caches, words
 
     defaults = {name: caches.CACHES[name].max_bytes for name in ("facts", "words", "tokens")}
+    (tmp_path / "none.jsonl").write_text("")
     try:
         monkeypatch.setenv("ASSEMBLER_CACHE_FACTS_BYTES", "65536")
-        read_settings(parsed("serve", "--cache-words-bytes", "4096"))
+        assert main(["assemble", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "out"),
+                     "--cache-words-bytes", "4096"]) == 0
         assert caches.CACHES["facts"].max_bytes == 65536
         assert caches.CACHES["words"].max_bytes == 4096
         assert words.CACHE.max_bytes == 4096  # a live cache shrinks at once

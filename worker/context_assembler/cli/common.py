@@ -154,9 +154,7 @@ def read_settings(args: argparse.Namespace) -> Settings:
     """The settings of the command `args` were parsed for: its flags given, over the
     environment, over the defaults."""
     given = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
-    settings = load_settings(given, args.settings_of)
-    settings.size_engine_caches()
-    return settings
+    return load_settings(given, args.settings_of)
 
 
 def _number(text: str, parse: Callable[[str], _Number], fits: Callable[[_Number], bool],

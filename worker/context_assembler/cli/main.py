@@ -243,7 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        status: int = args.handler(args, read_settings(args))
+        settings = read_settings(args)
+        settings.size_engine_caches()
+        status: int = args.handler(args, settings)
     except KeyboardInterrupt:
         return 130
     except Terminated:
