@@ -249,7 +249,11 @@ def test_the_engine_caches_take_the_byte_caps_the_settings_name(
 ) -> None:
     from context_assembler.engine import caches, words
 
-    defaults = {name: caches.CACHES[name].max_bytes for name in ("facts", "words", "tokens")}
+    defaults: dict[str, int] = {}
+    for name in ("facts", "words", "tokens"):
+        cap = caches.CACHES[name].max_bytes
+        assert cap is not None
+        defaults[name] = cap
     (tmp_path / "none.jsonl").write_text("")
     try:
         monkeypatch.setenv("ASSEMBLER_CACHE_FACTS_BYTES", "65536")
