@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import context_assembler as ca
 from context_assembler.intake.codec import encode
+from tests.support.docs import REPO, fenced_blocks
 
 EVENTS = Path(__file__).parent / "golden" / "events.jsonl"
 
@@ -34,3 +37,15 @@ def test_an_unknown_preset_is_a_policy_error_naming_the_presets() -> None:
     with pytest.raises(ca.PolicyError, match="default"):
         ca.load_policy("no-such-preset")
     assert "default" in ca.preset_names()
+
+
+def test_the_library_page_example_runs_as_written() -> None:
+    """docs/library.md's example, run from the repository root as a reader would."""
+    (block,) = [b for b in fenced_blocks("docs/library.md") if b.language == "python"]
+    result = subprocess.run([sys.executable, "-c", block.text], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("tokens in the prompt") and int(lines[0].split()[0]) > 0
+    assert any(line.startswith("kept ") for line in lines)
+    assert "dropped wcp-3-pumps access_denied" in lines
