@@ -286,16 +286,35 @@ async def test_stop_commits_what_was_delivered_and_gives_up_the_rest_within_grac
     rig.runner.close()
 
 
-async def test_a_revoked_partition_hands_over_what_was_delivered_and_nothing_else() -> None:
+async def test_a_revoked_partition_waits_for_its_deliveries_under_way_then_commits_them(
+    held: Rig,
+) -> None:
+    await held.deliver((0, 0))
+    await held.deliver((0, 1), (1, 0))
+    revoking = asyncio.create_task(held.delivery.revoke([("in", 0)], within=5))
+    await held.runtime.answer(0, 1)
+    await held.runtime.answer(1, 0)
+    await asyncio.sleep(0.02)
+    assert not revoking.done() and held.runtime.acknowledged == ["1/0"]
+    await held.runtime.answer(0, 0)
+    await asyncio.wait_for(revoking, 1)
+    assert held.runtime.committed == ["1/0", "0/0", "0/1"]
+
+
+async def test_a_revoked_partition_is_given_up_after_its_bound_with_nothing_undelivered(
+) -> None:
     rig = Rig(MemoryRuntime(hold=True), max_in_flight=4)
     for _ in range(4):
         await rig.delivery.room()
-    stuck = await rig.deliver((0, 0))
+    stuck = await rig.deliver((0, 0))  # its broker answers only after the hand-over
     later = await rig.deliver((0, 1), (1, 0))
     delivered = await rig.deliver((0, 2))
     await rig.runtime.answer(0, 2)
     await delivered
-    await rig.delivery.revoke([("in", 0)])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await rig.delivery.revoke([("in", 0)], within=0.1)
+    assert 0.1 <= loop.time() - started < 0.5
     assert rig.runtime.commits == [[]]  # committed at once, with nothing of partition 0
     for _ in range(3):  # its three events are no longer in flight here
         await asyncio.wait_for(rig.delivery.room(), 0.1)

@@ -188,6 +188,22 @@ def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
         future.set_exception(error)
 
 
+async def hand_over(under_way: Callable[[], set[asyncio.Task[Any]]], within: float) -> None:
+    """Wait for the deliveries `under_way` names to end, `within` seconds at most, before
+    revoked partitions are given up: their next owner reads from what those commit. One
+    stuck past that (on a failing broker) ends by its own error path, uncommitted, and its
+    events are redone by the next owner."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while pending := under_way():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            log.warning("giving partitions up with %d deliveries still under way after %.0fs; "
+                        "their next owner redoes what those do not commit", len(pending), within)
+            return
+        await asyncio.wait(pending, timeout=remaining)
+
+
 class Runtime(Protocol[Event]):
     """What at-least-once delivery needs of a Kafka client stack."""
 
@@ -216,6 +232,7 @@ class Delivery(Generic[T]):
         self._ledger: InOrder[T] = InOrder()
         self._room = asyncio.Semaphore(max_in_flight)
         self._rounds: CommitRounds[object] = CommitRounds(runtime.commit, commit_gap)
+        self._deliveries: dict[asyncio.Task[None], set[Partition]] = {}  # running
 
     async def room(self) -> None:
         """Wait until one more event may be read: fewer than max_in_flight are in flight."""
@@ -233,10 +250,12 @@ class Delivery(Generic[T]):
         became committable are acknowledged to the runtime and a commit is requested."""
         task = self.runner.spawn(self.runner.deliver_all(
             events, self._runtime.send, self._runtime.send_alone))
+        self._deliveries[task] = {entry.partition for entry in entries}
         task.add_done_callback(lambda done: self._delivered(done, entries))
         return task
 
     def _delivered(self, task: asyncio.Task[None], entries: list[Entry[T]]) -> None:
+        del self._deliveries[task]
         if task.cancelled():
             return  # stopping: never acknowledged, redone by the partitions' next owner
         error = task.exception()
@@ -257,11 +276,15 @@ class Delivery(Generic[T]):
         if not self.runner.stopping.is_set():  # then the last commit is `stop`'s
             self._rounds.request()
 
-    async def revoke(self, partitions: Iterable[Partition]) -> None:
-        """Hand the partitions over: acknowledge and commit what was delivered of them; what
-        was not is never acknowledged here, and their next owner redoes it."""
+    async def revoke(self, partitions: Iterable[Partition], within: float) -> None:
+        """Hand the partitions over: wait for their deliveries under way (`hand_over`), then
+        acknowledge and commit what was delivered of them; what was not is never
+        acknowledged here, and their next owner redoes it."""
+        revoked = set(partitions)
+        under_way = {task for task, touched in self._deliveries.items() if touched & revoked}
+        await hand_over(lambda: {task for task in under_way if not task.done()}, within)
         before = self._ledger.in_flight
-        delivered = self._ledger.revoke(partitions)
+        delivered = self._ledger.revoke(revoked)
         for _ in range(before - self._ledger.in_flight - len(delivered)):
             self._room.release()  # undelivered, forgotten: no longer in flight here
         self._acknowledge(delivered)

@@ -95,6 +95,10 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
         TableManager=_Tableless,
         topic_allow_declare=False,  # topics are created by operations, not by the worker
         web_enabled=False,  # our own /metrics, /health, /ready (observability/http.py)
+        # faust would wait, on a rebalance and on stop, for every event it handed out to be
+        # acked, with no bound, and sends failing never end: the delivery core waits instead
+        # (`Delivery.revoke`, `Delivery.stop`), bounded, for what the hand-over needs.
+        stream_wait_empty=False,
         autodiscover=False,
         datadir=datadir,
     )
@@ -233,7 +237,8 @@ class _Consumer(faust_aiokafka.Consumer):
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         delivery: Delivery[EventT[bytes]] = self.app.delivery  # type: ignore[attr-defined]
         if COMMIT_ON_DELIVERY:
-            await delivery.revoke((tp.topic, tp.partition) for tp in revoked)
+            await delivery.revoke({(tp.topic, tp.partition) for tp in revoked},
+                                  self.app.conf.broker_session_timeout)
         await super().on_partitions_revoked(revoked)
 
     # faust-streaming 0.15.3 makes its consumer thread here, with no setting to choose its
@@ -315,11 +320,9 @@ def seconds(timestamp_ms: int | None) -> float | None:
 
 
 class FaustWorker(faust.Worker):
-    """faust's worker, stopping within the grace period even while sends fail: faust waits
-    for every event it handed out to be acked before it commits and leaves the group
-    (`stream_wait_empty`), which never happens while sends fail. So the deliveries end first
-    (`Delivery.stop`), then faust is told not to wait for the events left unacked, which the
-    partitions' next owner redoes."""
+    """faust's worker, stopping within the grace period even while sends fail: the
+    deliveries end and what they delivered is committed first (`Delivery.stop`), then faust
+    stops; the events left unacked are the partitions' next owner's to redo."""
 
     logger = SERVICE_LOG
 
@@ -341,5 +344,4 @@ class FaustWorker(faust.Worker):
 
     async def _stop_after_deliveries(self, stop: Callable[[], None]) -> None:
         await self._delivery.stop()
-        self.app.conf.stream_wait_empty = False  # what is left unacked stays so
         stop()

@@ -60,7 +60,7 @@ from aiokafka.errors import (
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from context_assembler.kafka.connection import acl_hint, kafka_security
-from context_assembler.kafka.delivery import CommitRounds, batches
+from context_assembler.kafka.delivery import CommitRounds, batches, hand_over
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from context_assembler.kafka.records import Origin, Outcome, OutRecord, value_of
 from context_assembler.kafka.runner import (
@@ -280,16 +280,8 @@ class TransactionalWorker:
         """Give the revoked partitions up once the batches in flight ended, so that their next
         owner reads from the offsets they commit (bounded: a transaction stuck on a failing
         broker is aborted by its own error path, and its events are read again anyway)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.session_timeout_seconds
-        while pending := {task for task in self._batches if not task.done()}:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                log.warning("giving partitions up with %d batches still in flight after %.0fs; "
-                            "their next owner redoes what those do not commit",
-                            len(pending), self.settings.session_timeout_seconds)
-                break
-            await asyncio.wait(pending, timeout=remaining)
+        await hand_over(lambda: {task for task in self._batches if not task.done()},
+                        self.settings.session_timeout_seconds)
         released = []
         for tp in revoked:
             self._fenced.pop(tp, None)
