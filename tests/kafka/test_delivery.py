@@ -41,8 +41,13 @@ class MemoryRuntime:
         self.alone: list[OutRecord] = []  # sent in a producer batch of their own
         self.acknowledged: list[str] = []  # events that may be committed, in order
         self.commits: list[list[str]] = []  # what was acknowledged at each commit
+        self.handed: list[str] = []  # records handed to the producer, in order
+        self.metadata: dict[str, asyncio.Event] = {}  # a send to a topic here waits for it
 
     async def send(self, origin: Origin, record: OutRecord) -> asyncio.Future[object]:
+        if record.topic in self.metadata:
+            await self.metadata[record.topic].wait()
+        self.handed.append(f"{origin.offset} {record.topic}")
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         if self.hold:
             self.pending.append((origin, future))
@@ -159,6 +164,17 @@ async def test_nothing_is_committed_past_an_undelivered_event_and_partitions_go_
     await until(lambda: held.runtime.committed == ["1/0"])
     await asyncio.sleep(0.02)
     assert held.runtime.acknowledged == ["1/0"]  # 0/1 waits for 0/0, which is not delivered
+
+
+async def test_batches_hand_their_records_over_in_input_order(held: Rig) -> None:
+    held.runtime.metadata["audit"] = asyncio.Event()  # not known yet: its first send waits
+    await held.deliver((0, 0))
+    await held.deliver((0, 1))
+    await asyncio.sleep(0.02)
+    assert held.runtime.handed == ["0 prompts"]  # the later batch waits its turn
+    held.runtime.metadata["audit"].set()
+    await until(lambda: len(held.runtime.handed) == 4)
+    assert held.runtime.handed == ["0 prompts", "0 audit", "1 prompts", "1 audit"]
 
 
 async def test_a_failed_send_is_retried_until_the_broker_takes_it() -> None:

@@ -12,6 +12,8 @@ sends records and commits offsets; the rules of when are here, written and teste
   events and ENGINE_BATCH_BYTES of input.
 - `CommitRounds`: commits run one at a time; a round takes everything that became
   committable before it began, so commits never overlap and never wait for later work.
+- `hand_over`: a revoked partition is given up once its deliveries under way ended, or after
+  a bound (the session timeout), so that its next owner reads from what they committed.
 - `Delivery`: at-least-once delivery over a `Runtime` (send, acknowledge, commit): each batch
   delivered as one task of the runner (retried, dead-lettered, cancelled on stop within the
   grace period), acknowledged in order, committed in rounds, handed over on revocation.
@@ -91,11 +93,6 @@ class InOrder(Generic[T]):
     @property
     def in_flight(self) -> int:
         return sum(len(entries) for entries in self._partitions.values())
-
-    def next_offsets(self) -> dict[Partition, int]:
-        """Per partition, the lowest offset still in flight: nothing at or past it may be
-        committed."""
-        return {p: entries[0].offset for p, entries in self._partitions.items() if entries}
 
 
 def batches(events: Sequence[tuple[bytes, Origin]]) -> Iterator[Sequence[tuple[bytes, Origin]]]:
