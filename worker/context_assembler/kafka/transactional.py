@@ -20,14 +20,14 @@ the next owner to redo, and the worker goes on with its other partitions.
 
 Three stages overlap: reading, assembling and committing. Batches are read ahead while
 earlier ones are assembled and committed (up to MAX_EVENTS_IN_FLIGHT events read and not yet
-committed); they are assembled in order, in engine batches (`delivery.batches`);
-and commits go in rounds, one at a time: a round takes every event assembled since the last
-one began, and commits each partition's share in one transaction, the partitions
-concurrently. So an event waits for at most the round in progress and its own, whatever the
-batch it came in; a round that started before a batch's events were assembled does not wait
-for them, nor they for a batch read after them. A read_committed reader of an output
-partition sees nothing past its earliest open transaction: rounds that never overlap let it
-see each round as soon as it commits.
+committed); they are assembled in order, in engine batches (`delivery.batches`); and commits
+go in rounds, one at a time (`delivery.CommitRounds`): a round takes every event assembled
+since the last one began, and commits each partition's share in one transaction, the
+partitions concurrently. So an event waits for at most the round in progress and its own,
+whatever the batch it came in; a round that started before a batch's events were assembled
+does not wait for them, nor they for a batch read after them. A read_committed reader of an
+output partition sees nothing past its earliest open transaction: rounds that never overlap
+let it see each round as soon as it commits.
 
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
