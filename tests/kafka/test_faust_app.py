@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import faust
+import pytest
 from faust.assignor.client_assignment import CopartitionedAssignment
 from faust.assignor.copartitioned_assignor import CopartitionedAssignor
+from faust.tables import TableManager
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.kafka import faust_app
 from context_assembler.kafka.faust_app import (
-    COMMIT_GAP_SECONDS,
-    _commit_delivered,
-    _next_batch,
+    FaustWorker,
+    _App,
+    _Consumer,
+    _ConsumerThread,
+    _FaustRuntime,
+    _Tableless,
+    _Transport,
     build_app,
     seconds,
 )
-from context_assembler.kafka.runner import ENGINE_BATCH, EventRunner
+from context_assembler.kafka.runner import EventRunner
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
 from tests.kafka.test_records import STAMPS
@@ -41,11 +51,14 @@ def test_outputs_get_the_inputs_timestamp_to_the_millisecond() -> None:
 
 
 class GatedConsumer:
-    """A consumer whose commits end when the test says so."""
+    """faust's consumer, with commits that end when the test says so."""
 
     def __init__(self) -> None:
         self.started = 0
         self.gate = asyncio.Event()
+
+    async def maybe_wait_for_commit_to_finish(self) -> bool:
+        return False
 
     async def commit(self) -> bool:
         self.started += 1
@@ -60,62 +73,80 @@ async def until(condition: Callable[[], bool]) -> None:
             await asyncio.sleep(0.005)
 
 
-async def test_acks_during_a_commit_are_committed_by_one_more_commit() -> None:
-    consumer = GatedConsumer()
-    app = SimpleNamespace(consumer=consumer)
-    acked, stopping = asyncio.Event(), asyncio.Event()
-    commits = asyncio.create_task(_commit_delivered(app, acked, stopping))  # type: ignore[arg-type]
-    acked.set()
-    await until(lambda: consumer.started == 1)
-    for _ in range(3):  # acks while the commit is in progress: one commit later takes them all
-        acked.set()
-        await asyncio.sleep(0.01)
-    assert consumer.started == 1  # one commit at a time
-    consumer.gate.set()
-    await until(lambda: consumer.started == 2)
-    consumer.gate.set()
-    await asyncio.sleep(COMMIT_GAP_SECONDS + 0.05)
-    assert consumer.started == 2  # nothing acked since: no commit
-    stopping.set()
-    acked.set()  # from now on the last commit is the stopping worker's
-    await asyncio.wait_for(commits, 1)
-    assert consumer.started == 2
+def runtime_over(consumer: GatedConsumer) -> _FaustRuntime:
+    app: Any = SimpleNamespace(consumer=consumer)
+    return _FaustRuntime(app, Settings(bootstrap_servers="127.0.0.1:1"))
 
 
-async def test_a_commit_in_progress_survives_the_agent_being_cancelled() -> None:
+async def test_a_commit_in_progress_survives_the_delivery_being_cancelled() -> None:
     consumer = GatedConsumer()
-    app = SimpleNamespace(consumer=consumer)
-    acked = asyncio.Event()
-    commits = asyncio.create_task(_commit_delivered(app, acked, asyncio.Event()))  # type: ignore[arg-type]
-    acked.set()
+    commit = asyncio.create_task(runtime_over(consumer).commit())
     await until(lambda: consumer.started == 1)
-    inner = next(t for t in asyncio.all_tasks() if t is not commits
+    inner = next(t for t in asyncio.all_tasks() if t is not commit
                  and t is not asyncio.current_task())
-    commits.cancel()
+    commit.cancel()
     await asyncio.sleep(0.01)
-    assert commits.cancelled() and not inner.done()  # faust's books stay whole
+    assert commit.cancelled() and not inner.done()  # faust's books stay whole
     consumer.gate.set()
     await asyncio.wait_for(inner, 1)
 
 
-async def next_batch(arrived: asyncio.Queue[Any]) -> Any:
-    return await _next_batch(arrived)
-
-
-async def test_a_batch_is_what_arrived_meanwhile_up_to_its_size_and_none_once_reading_ends() -> None:
-    arrived: asyncio.Queue[Any] = asyncio.Queue()
-    for n in range(ENGINE_BATCH + 3):
-        arrived.put_nowait(n)
-    assert await next_batch(arrived) == list(range(ENGINE_BATCH))
-    assert await next_batch(arrived) == [ENGINE_BATCH, ENGINE_BATCH + 1, ENGINE_BATCH + 2]
-    waiting = asyncio.create_task(next_batch(arrived))
+async def test_a_commit_waits_for_the_one_in_progress_then_commits_the_rest() -> None:
+    consumer = GatedConsumer()
+    runtime = runtime_over(consumer)
+    first = asyncio.create_task(runtime.commit())
+    await until(lambda: consumer.started == 1)
+    second = asyncio.create_task(runtime.commit())  # acks since the first began
     await asyncio.sleep(0.01)
-    assert not waiting.done()  # at least one event: it waits for it
-    arrived.put_nowait("late")
-    assert await asyncio.wait_for(waiting, 1) == ["late"]
-    arrived.put_nowait("unhandled")
-    arrived.put_nowait(None)  # reading ended: what is left stays unacked
-    assert await next_batch(arrived) is None
+    assert consumer.started == 1
+    consumer.gate.set()
+    await until(lambda: consumer.started == 2)  # not only waited for the first: committed
+    consumer.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 1)
+
+
+# What the adapter overrides or calls of faust-streaming (and mode-streaming, its service
+# library) beyond its documented API, as pinned in constraints.txt: each must still be
+# there, or an upgrade changed what the adapter relies on.
+FAUST_INTERNALS = [
+    (faust_aiokafka.Consumer, "on_partitions_revoked"),
+    (faust_aiokafka.Consumer, "_new_consumer_thread"),
+    (faust_aiokafka.Consumer, "maybe_wait_for_commit_to_finish"),
+    (faust_aiokafka.AIOKafkaConsumerThread, "on_thread_stop"),
+    (faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records"),
+    (faust_aiokafka.Transport, "Consumer"),
+    (TableManager, "on_start"),
+    (TableManager, "_update_channels"),
+    (TableManager, "recovery"),
+    (faust.App, "_new_transport"),
+    (faust.Worker, "install_signal_handlers"),
+    (faust.Worker, "_on_sigterm"),
+    (faust.Worker, "_on_sigint"),
+    (faust.Settings, "stream_wait_empty"),
+    (faust.Stream, "noack"),
+]
+
+
+def test_constraints_pin_the_faust_version_the_adapter_names() -> None:
+    pinned = (Path(__file__).parents[2] / "constraints.txt").read_text().splitlines()
+    assert f"faust-streaming=={faust.__version__}" in pinned
+    assert f"faust-streaming {faust.__version__}" in inspect.getsource(faust_app)
+
+
+@pytest.mark.parametrize(("owner", "name"), FAUST_INTERNALS,
+                         ids=[f"{owner.__name__}.{name}" for owner, name in FAUST_INTERNALS])
+def test_what_the_adapter_relies_on_is_still_in_faust(owner: type, name: str) -> None:
+    assert hasattr(owner, name), f"faust {faust.__version__} has no {owner.__name__}.{name}"
+
+
+def test_every_faust_method_the_adapter_overrides_is_checked() -> None:
+    checked = {(owner, name) for owner, name in FAUST_INTERNALS}
+    for subclass in (_Consumer, _ConsumerThread, _Tableless, _Transport, _App, FaustWorker):
+        faust_base = subclass.__mro__[1]
+        for name, value in vars(subclass).items():
+            if callable(value) and hasattr(faust_base, name) and not name.startswith("__"):
+                assert any((owner, name) in checked for owner in faust_base.__mro__), (
+                    f"{subclass.__name__}.{name} overrides faust: add it to FAUST_INTERNALS")
 
 
 def test_a_worker_joining_a_balanced_group_gets_partitions(tmp_path: Path) -> None:

@@ -1,33 +1,24 @@
-"""At-least-once delivery on faust-streaming.
+"""At-least-once delivery on faust-streaming: faust's side of `delivery.Delivery`.
 
 An input offset may be committed only after the prompt and the audit (or the dead letter)
 are acknowledged by the broker. faust commits what was acked; it acks an event when its
 agent moves on or raises (faust-streaming #315), and with concurrency > 1 it can commit
 past an event still in flight (#606). So the agent reads a manual-ack stream (`noack`),
 never raises for one event (bad input is an outcome, a failed send is retried until it is
-acknowledged), and acks strictly in input order: an event is acked once its own records
-and those of every event before it are acknowledged. The next events are assembled while
-earlier ones are still being delivered, at most MAX_IN_FLIGHT at a time.
+acknowledged), and leaves acks and commits to the delivery core: in input order per
+partition, in commit rounds at most COMMIT_GAP_SECONDS apart, so a kill -9 redoes only what
+was delivered during that gap and a commit round trip (faust's 1 s timer redid up to a
+second of events, each a duplicate LLM call downstream).
 
-Batches: the events that arrived while the last batch was assembled (up to ENGINE_BATCH)
-go to the engine thread in one call and are delivered as one task, their records handed to
-the producer at once to share its batches (1 MiB, 5 ms linger); the batch is acked, in
-order, once all of them are acknowledged. A record the broker refuses as too large may
-only have shared a batch over the topic's limit: it is sent again alone (`_LoneProducer`).
+The events that arrived while the last batch was assembled go to the engine in one call
+(`delivery.next_batch`) and are delivered as one task, their records handed to faust's
+producer at once to share its batches (1 MiB, 5 ms linger). A record the broker refuses as
+too large may only have shared a batch over the topic's limit: it is sent again alone
+(`_LoneProducer`).
 
-Stopping: faust waits for every event it handed out to be acked before it commits and leaves
-the group (`stream_wait_empty`), which never happens while sends fail: SIGTERM was ignored.
-So `FaustWorker` first ends the deliveries (EventRunner.stop: no more retries, cancelled
-after half the grace period), then tells faust not to wait for the events left unacked,
-which the partitions' next owner redoes.
-
-Committing: every in-order ack requests a commit, run one at a time, the next at most
-COMMIT_GAP_SECONDS after the last ends (batching the acks meanwhile); so a kill -9 redoes
-only what was delivered during that gap and a commit round trip, where faust's timer
-(broker_commit_interval, 1 s) redid up to a second of events, each a duplicate LLM call
-downstream. On SIGTERM `FaustWorker` commits every delivered event before faust leaves the
-group, and `_Consumer` commits them before a rebalance takes partitions away (faust forgets
-acked, uncommitted offsets of revoked partitions first thing).
+The faust internals this adapter relies on, each marked "faust-streaming 0.15.3" where it
+is used, are checked to exist by tests/kafka/test_faust_app.py, so an upgrade that drops
+one fails there first.
 """
 
 from __future__ import annotations
@@ -35,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import cast
 
 import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -48,15 +39,10 @@ from faust.types import TP, EventT
 from faust.types.transports import TransportT
 
 from context_assembler.kafka.connection import kafka_security
+from context_assembler.kafka.delivery import Delivery, next_batch
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from context_assembler.kafka.records import Origin, OutRecord, value_of
-from context_assembler.kafka.runner import (
-    ENGINE_BATCH,
-    PRODUCER_LINGER_MS,
-    EventRunner,
-    Stopped,
-    collect_less,
-)
+from context_assembler.kafka.runner import PRODUCER_LINGER_MS, EventRunner, collect_less
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,7 +55,7 @@ MAX_IN_FLIGHT = 200
 # aiokafka's default: a send to a missing topic fails (and is logged) after this long,
 # where faust's default (20 minutes) would hang silently.
 REQUEST_TIMEOUT_SECONDS = 40.0
-# faust's timer commit; only a backstop now, commits follow deliveries (`_commit_delivered`).
+# faust's timer commit; only a backstop now, commits follow deliveries (`Delivery`).
 COMMIT_INTERVAL_SECONDS = 1.0
 # Commits follow deliveries at most this often: a commit per ack cost about 15 % of the
 # throughput on 2 cores; this bounds what a kill -9 redoes to rate x (gap + round trip).
@@ -78,7 +64,7 @@ COMMIT_GAP_SECONDS = 0.03
 COMMIT_ON_DELIVERY = True
 
 
-def build_app(settings: Settings, runner: EventRunner, datadir: str) -> faust.App:
+def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
     """`datadir`: a directory faust insists on, though this app keeps no state there; the
     caller removes it at exit."""
     servers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
@@ -109,103 +95,98 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> faust.Ap
         TableManager=_Tableless,
         topic_allow_declare=False,  # topics are created by operations, not by the worker
         web_enabled=False,  # our own /metrics, /health, /ready (observability/http.py)
+        # faust would wait, on a rebalance and on stop, for every event it handed out to be
+        # acked, with no bound, and sends failing never end: the delivery core waits instead
+        # (`Delivery.revoke`, `Delivery.stop`), bounded, for what the hand-over needs.
+        stream_wait_empty=False,
         autodiscover=False,
         datadir=datadir,
     )
     app.runner = runner
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
-    async def enqueue(origin: Origin, record: OutRecord) -> Awaitable[object]:
-        return await app.producer.send(
-            record.topic, record.key, record.value, None, seconds(origin.timestamp_ms),
-            list(record.headers),
-        )
-
-    lone = _LoneProducer(settings)
+    runtime = _FaustRuntime(app, settings)
+    delivery = app.delivery = Delivery(runner, runtime, MAX_IN_FLIGHT, COMMIT_GAP_SECONDS)
 
     @app.agent(source, concurrency=1)
     async def assemble(stream: faust.StreamT[bytes]) -> None:
         collect_less()  # faust, its consumer and producer are up: freeze what they made
-        in_flight: deque[tuple[list[EventT[bytes]], asyncio.Task[None]]] = deque()
-        room = asyncio.Semaphore(MAX_IN_FLIGHT)
         arrived: asyncio.Queue[EventT[bytes] | None] = asyncio.Queue()  # None: reading ended
-        acked = asyncio.Event()
-
-        def ack_delivered(_: object = None) -> None:
-            while in_flight and in_flight[0][1].done():
-                if not _delivered(in_flight[0][1]):
-                    return  # stopping: neither this batch nor any later one is acked
-                events, _task = in_flight.popleft()
-                for event in events:
-                    event.ack()
-                    room.release()
-                acked.set()
 
         async def read() -> None:
             try:
                 manual_acks = stream.noack()  # type: ignore[attr-defined]  # on Stream only
                 async for event in manual_acks.events():
-                    await room.acquire()
+                    await delivery.room()
                     arrived.put_nowait(event)
             finally:
                 arrived.put_nowait(None)
 
-        commits = asyncio.create_task(_commit_delivered(app, acked, runner.stopping))
         reading = asyncio.create_task(read())
         try:
-            while (events := await _next_batch(arrived)) is not None:
-                inputs = [(value_of(e.message), Origin.from_record(e.message)) for e in events]
+            while (events := await next_batch(arrived, _size)) is not None:
+                read_now = [(Origin.from_record(e.message), e) for e in events]
+                entries = delivery.read(read_now)
+                inputs = [(value_of(e.message), origin) for origin, e in read_now]
                 outcomes = await runner.process_all(inputs)
                 if runner.stopping.is_set():
                     # Unacked, so never committed, and unpublished, so redone once only:
                     # wait here until faust cancels the agent.
                     await asyncio.get_running_loop().create_future()
-                task = runner.spawn(runner.deliver_all(
-                    [(raw, origin, outcome) for (raw, origin), outcome in zip(
-                        inputs, outcomes, strict=True)],
-                    enqueue, lone.send,
-                ))
-                in_flight.append((events, task))
-                task.add_done_callback(ack_delivered)
+                delivery.deliver(entries, [(raw, origin, outcome) for (raw, origin), outcome
+                                           in zip(inputs, outcomes, strict=True)])
             await reading  # it ended: raise its error, if any
         finally:
-            commits.cancel()
             reading.cancel()
-            await lone.stop()
+            await delivery.close()
+            await runtime.close()
 
     return app
 
 
-async def _next_batch(arrived: asyncio.Queue[EventT[bytes] | None]) -> list[EventT[bytes]] | None:
-    """The events that arrived while the last batch was handled (at least one, waiting for
-    it; at most ENGINE_BATCH), or None once reading has ended. No timer: a batch never
-    waits for more events than are there."""
-    event = await arrived.get()
-    events: list[EventT[bytes]] = []
-    while event is not None:
-        events.append(event)
-        if len(events) >= ENGINE_BATCH or arrived.empty():
-            return events
-        event = arrived.get_nowait()
-    return None  # what was read but not handled stays unacked: redone by the next owner
+def _size(event: EventT[bytes]) -> int:
+    return len(event.message.value or b"")
 
 
-async def _commit_delivered(app: faust.App, acked: asyncio.Event, stopping: asyncio.Event) -> None:
-    """Commit what was acked each time more is: one commit at a time, at most every
-    COMMIT_GAP_SECONDS, batching the acks that arrive meanwhile. faust commits only offsets
-    below every unacked one, and acks are in input order, so no commit passes an undelivered
-    event. Ends once stopping."""
-    if not COMMIT_ON_DELIVERY:
-        return
-    while True:
-        await acked.wait()
-        if stopping.is_set():
-            return  # the last commit is FaustWorker's, once deliveries have ended
-        acked.clear()
-        # Shielded: a commit cancelled midway loses its offsets from faust's books, and
-        # every later commit of their partitions with them (a gap faust never closes).
-        await asyncio.shield(app.consumer.commit())
-        await asyncio.sleep(COMMIT_GAP_SECONDS)
+class _FaustRuntime:
+    """The faust side of `Delivery`: faust's producer sends, acks mark events committable,
+    faust's consumer commits what was acked (only offsets below every unacked one)."""
+
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        self._app = app
+        self._lone = _LoneProducer(settings)
+        self._committing = asyncio.Lock()
+
+    async def send(self, origin: Origin, record: OutRecord) -> Awaitable[object]:
+        return await self._app.producer.send(
+            record.topic, record.key, record.value, None, seconds(origin.timestamp_ms),
+            list(record.headers),
+        )
+
+    async def send_alone(self, origin: Origin, record: OutRecord) -> None:
+        await self._lone.send(origin, record)
+
+    def acknowledge(self, events: Sequence[EventT[bytes]]) -> None:
+        for event in events:
+            event.ack()
+
+    async def commit(self) -> None:
+        """Commit what was acked. Shielded: a commit cancelled midway loses its offsets from
+        faust's books, and every later commit of their partitions with them (a gap faust
+        never closes)."""
+        if COMMIT_ON_DELIVERY:
+            await asyncio.shield(self._commit_after_any_in_progress())
+
+    async def _commit_after_any_in_progress(self) -> None:
+        # faust-streaming 0.15.3: a commit called while another is in progress (faust's
+        # timer's, say) only waits for it, and that one may predate the latest acks.
+        async with self._committing:
+            consumer = cast(faust_aiokafka.Consumer, self._app.consumer)
+            await consumer.maybe_wait_for_commit_to_finish()
+            await consumer.commit()
+
+    async def close(self) -> None:
+        await self._lone.stop()
 
 
 class _LoneProducer:
@@ -246,17 +227,22 @@ class _LoneProducer:
 
 
 class _Consumer(faust_aiokafka.Consumer):
-    """faust's consumer, committing acked offsets before partitions are revoked: faust
-    drops the acked, uncommitted offsets of revoked partitions first thing, and their next
-    owner would redo those events."""
+    """faust's consumer, handing revoked partitions over (`Delivery.revoke`) before faust
+    forgets them."""
 
     logger = SERVICE_LOG
 
+    # faust-streaming 0.15.3 drops the acked, uncommitted offsets of revoked partitions
+    # first thing here, and their next owner would redo those events: commit them before.
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        delivery: Delivery[EventT[bytes]] = self.app.delivery  # type: ignore[attr-defined]
         if COMMIT_ON_DELIVERY:
-            await self.commit(revoked)
+            await delivery.revoke({(tp.topic, tp.partition) for tp in revoked},
+                                  self.app.conf.broker_session_timeout)
         await super().on_partitions_revoked(revoked)
 
+    # faust-streaming 0.15.3 makes its consumer thread here, with no setting to choose its
+    # class: the only way to install `_ConsumerThread`.
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -266,10 +252,14 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     logger = SERVICE_LOG
 
+    # faust-streaming 0.15.3 keeps its aiokafka consumer in `_consumer`; a static member
+    # stays in the group on stop unless told to leave (membership.leave_on_stop).
     async def on_thread_stop(self) -> None:
         leave_on_stop(self._consumer)
         await super().on_thread_stop()
 
+    # faust-streaming 0.15.3's fetcher crashes on a batch it cannot decode, and a restarted
+    # worker on the same batch: `_fetch_records` is where every fetch passes.
     async def _fetch_records(
         self, consumer: AIOKafkaConsumer, active_partitions: set[TP],
         timeout: float | None = None, max_records: int | None = None,
@@ -297,6 +287,7 @@ class _Tableless(TableManager):
 
     logger = SERVICE_LOG
 
+    # faust-streaming 0.15.3's TableManager.on_start: its nap, then these two steps.
     async def on_start(self) -> None:
         if not self.should_stop:
             await self._update_channels()
@@ -310,7 +301,10 @@ class _Transport(faust_aiokafka.Transport):
 class _App(faust.App):
     logger = SERVICE_LOG
     runner: EventRunner  # its consumer thread reports undecodable input there
+    delivery: Delivery[EventT[bytes]]  # its consumer hands revoked partitions over there
 
+    # faust-streaming 0.15.3 picks its transport by the broker URL's scheme, with no setting
+    # to choose the consumer's class: the only way to install `_Consumer`.
     def _new_transport(self) -> TransportT:
         return _Transport(self.conf.broker_consumer, self)
 
@@ -325,26 +319,20 @@ def seconds(timestamp_ms: int | None) -> float | None:
     return (timestamp_ms + (0.5 if timestamp_ms >= 0 else -0.5)) / 1000
 
 
-def _delivered(task: asyncio.Task[None]) -> bool:
-    """True if the task delivered its event; False if stopping ended it first."""
-    if task.cancelled():
-        return False
-    error = task.exception()
-    if error is not None and not isinstance(error, Stopped):
-        log.error("delivery failed; no later event is acked: %r", error, exc_info=error)
-    return error is None
-
-
 class FaustWorker(faust.Worker):
-    """faust's worker, stopping within the grace period even while sends fail."""
+    """faust's worker, stopping within the grace period even while sends fail: the
+    deliveries end and what they delivered is committed first (`Delivery.stop`), then faust
+    stops; the events left unacked are the partitions' next owner's to redo."""
 
     logger = SERVICE_LOG
 
-    def __init__(self, app: faust.App, runner: EventRunner, loglevel: str) -> None:
+    def __init__(self, app: _App, loglevel: str) -> None:
         super().__init__(app, loglevel=loglevel, override_logging=False, quiet=True)
-        self._runner = runner
+        self._delivery = app.delivery
         self._stopping: asyncio.Task[None] | None = None
 
+    # faust-streaming 0.15.3 (mode-streaming's Worker) installs `_on_sigterm` and
+    # `_on_sigint` here; each is called once the deliveries ended instead.
     def install_signal_handlers(self) -> None:
         super().install_signal_handlers()
         for sig, stop in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
@@ -352,15 +340,8 @@ class FaustWorker(faust.Worker):
 
     def _end_deliveries_then(self, stop: Callable[[], None]) -> None:
         if self._stopping is None:
-            self._runner.stop()
             self._stopping = asyncio.ensure_future(self._stop_after_deliveries(stop))
 
     async def _stop_after_deliveries(self, stop: Callable[[], None]) -> None:
-        await self._runner.drained()
-        # Commit every delivered event. faust commits on stopping too, but a commit called
-        # while another is in progress only waits for it, and that one predates the last
-        # acks: so the first call may only wait, the second commits the rest.
-        for _ in range(2):
-            await self.app.consumer.commit()
-        self.app.conf.stream_wait_empty = False  # what is left unacked stays so
+        await self._delivery.stop()
         stop()

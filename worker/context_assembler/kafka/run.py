@@ -179,7 +179,7 @@ def _run_faust(settings: Settings, runner: EventRunner, metrics: Metrics) -> Non
     async def watch_topics() -> None:
         await watch.run()
 
-    worker = FaustWorker(app, runner, settings.log_level)
+    worker = FaustWorker(app, settings.log_level)
     worker.spinner = None  # it writes terminal escape codes to stdout, even when not a tty
     try:
         worker.execute_from_commandline()

@@ -173,6 +173,7 @@ class EventRunner:
         self.undecodable: str | None = None  # why input is no longer read (`cannot_decode`)
         self.stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._handing = asyncio.Lock()  # one batch's records reach the producer at a time
         self.summary = AssemblySummary()
 
     @property
@@ -380,23 +381,28 @@ class EventRunner:
     ) -> None:
         """`deliver` the events together: `enqueue(event's origin, record)` hands a record
         to the producer and returns its acknowledgement, so every record of the batch shares
-        the producer's batches with no task per record. The records that fail are handed
-        to `deliver`, event by event. Raises the first error once every delivery has ended."""
+        the producer's batches with no task per record, in input order after the batches
+        before it. The records that fail are handed to `deliver`, event by event (so a
+        retried record may come out after later ones). Raises the first error once every
+        delivery has ended."""
         sent: list[tuple[int, OutRecord, asyncio.Future[object]]] = []  # event's index
         failed: dict[int, list[tuple[OutRecord, BaseException | None]]] = {}  # None: not tried
         try:
-            for index, (_, origin, outcome) in enumerate(events):
-                for record in outcome.records:
-                    if failed:  # the rest go event by event, concurrently, as `deliver` does
-                        failed.setdefault(index, []).append((record, None))
-                        continue
-                    try:
-                        acknowledged: asyncio.Future[object] = asyncio.ensure_future(
-                            await enqueue(origin, record))
-                    except Exception as refused:  # before sending: too large, no metadata
-                        failed[index] = [(record, refused)]
-                        continue
-                    sent.append((index, record, acknowledged))
+            # Batches delivered concurrently hand their records over one after the other:
+            # a send waiting for a topic's metadata let a later batch's records pass.
+            async with self._handing:
+                for index, (_, origin, outcome) in enumerate(events):
+                    for record in outcome.records:
+                        if failed:  # the rest go event by event, concurrently, as `deliver`
+                            failed.setdefault(index, []).append((record, None))
+                            continue
+                        try:
+                            acknowledged: asyncio.Future[object] = asyncio.ensure_future(
+                                await enqueue(origin, record))
+                        except Exception as refused:  # before sending: too large, no metadata
+                            failed[index] = [(record, refused)]
+                            continue
+                        sent.append((index, record, acknowledged))
             if sent:
                 await asyncio.wait([acknowledged for _, _, acknowledged in sent])
         except BaseException as stopped:  # cancelled: stopping

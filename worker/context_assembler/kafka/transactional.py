@@ -20,14 +20,14 @@ the next owner to redo, and the worker goes on with its other partitions.
 
 Three stages overlap: reading, assembling and committing. Batches are read ahead while
 earlier ones are assembled and committed (up to MAX_EVENTS_IN_FLIGHT events read and not yet
-committed); they are assembled in order, ENGINE_BATCH events per trip to the engine thread;
-and commits go in rounds, one at a time: a round takes every event assembled since the last
-one began, and commits each partition's share in one transaction, the partitions
-concurrently. So an event waits for at most the round in progress and its own, whatever the
-batch it came in; a round that started before a batch's events were assembled does not wait
-for them, nor they for a batch read after them. A read_committed reader of an output
-partition sees nothing past its earliest open transaction: rounds that never overlap let it
-see each round as soon as it commits.
+committed); they are assembled in order, in engine batches (`delivery.batches`); and commits
+go in rounds, one at a time (`delivery.CommitRounds`): a round takes every event assembled
+since the last one began, and commits each partition's share in one transaction, the
+partitions concurrently. So an event waits for at most the round in progress and its own,
+whatever the batch it came in; a round that started before a batch's events were assembled
+does not wait for them, nor they for a batch read after them. A read_committed reader of an
+output partition sees nothing past its earliest open transaction: rounds that never overlap
+let it see each round as soon as it commits.
 
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
@@ -60,10 +60,10 @@ from aiokafka.errors import (
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from context_assembler.kafka.connection import acl_hint, kafka_security
+from context_assembler.kafka.delivery import CommitRounds, batches, hand_over
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from context_assembler.kafka.records import Origin, Outcome, OutRecord, value_of
 from context_assembler.kafka.runner import (
-    ENGINE_BATCH,
     PRODUCER_LINGER_MS,
     Attempts,
     EventRunner,
@@ -154,8 +154,7 @@ class TransactionalWorker:
         self._batches: dict[asyncio.Task[None], int] = {}  # being assembled or committed: events
         self._engine = asyncio.Lock()  # batches are assembled one at a time, in order
         self._assembled: list[_Share] = []  # for the next round
-        self._next_round: asyncio.Future[list[BaseException]] | None = None  # its outcome
-        self._committer: asyncio.Task[None] | None = None  # runs rounds while any is due
+        self._rounds = CommitRounds(self._commit_assembled, spawn=runner.spawn)
         self._fenced: dict[TopicPartition, float] = {}  # still assigned, producer fenced: since
 
     def ready(self) -> bool:
@@ -281,16 +280,8 @@ class TransactionalWorker:
         """Give the revoked partitions up once the batches in flight ended, so that their next
         owner reads from the offsets they commit (bounded: a transaction stuck on a failing
         broker is aborted by its own error path, and its events are read again anyway)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.session_timeout_seconds
-        while pending := {task for task in self._batches if not task.done()}:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                log.warning("giving partitions up with %d batches still in flight after %.0fs; "
-                            "their next owner redoes what those do not commit",
-                            len(pending), self.settings.session_timeout_seconds)
-                break
-            await asyncio.wait(pending, timeout=remaining)
+        await hand_over(lambda: {task for task in self._batches if not task.done()},
+                        self.settings.session_timeout_seconds)
         released = []
         for tp in revoked:
             self._fenced.pop(tp, None)
@@ -311,50 +302,34 @@ class TransactionalWorker:
         outcomes: list[Outcome] = []
         try:
             async with self._engine:
-                for start in range(0, len(inputs), ENGINE_BATCH):
-                    outcomes += await self.runner.process_all(inputs[start : start + ENGINE_BATCH])
+                for batch in batches(inputs):
+                    outcomes += await self.runner.process_all(batch)
         except BaseException as error:  # cancelled: stopping
             for _, origin in inputs[: len(outcomes)]:
                 self.runner.settle(origin, error)
             raise
-        start = 0
+        shares, start = [], 0
         for claim in claims:
             end = start + len(claim.records)
             events = [(raw, origin, outcome) for (raw, origin), outcome
                       in zip(inputs[start:end], outcomes[start:end], strict=True)]
             start = end
-            self._assembled.append(_Share(claim, events))
-        if self._next_round is None:
-            self._next_round = asyncio.get_running_loop().create_future()
-        committed = self._next_round
-        if self._committer is None or self._committer.done():
-            self._committer = self.runner.spawn(self._commit_rounds())
-        errors = await asyncio.shield(committed)  # one waiter cancelled does not stop a round
+            shares.append(_Share(claim, events))
+        self._assembled += shares
+        try:  # shielded: one waiter cancelled does not stop a round
+            errors = await asyncio.shield(self._rounds.request())
+        except BaseException as error:  # stopping: what no round took is not delivered
+            untaken = [share for share in shares if share in self._assembled]
+            self._assembled = [share for share in self._assembled if share not in untaken]
+            self._settle(untaken, error)
+            raise
         if errors:
             raise errors[0]
 
-    async def _commit_rounds(self) -> None:
-        """Commit rounds while any events are assembled: each round takes them all, and its
-        partitions' transactions run concurrently. Events left when this is cancelled
-        (stopping) are settled undelivered."""
-        try:
-            while self._assembled:
-                shares, self._assembled = self._assembled, []
-                committed, self._next_round = self._next_round, None
-                assert committed is not None
-                try:
-                    errors = await self._commit_round(shares)
-                except BaseException as error:
-                    _fail(committed, error)
-                    raise
-                committed.set_result(errors)
-        except BaseException as error:
-            self._settle(self._assembled, error)
-            self._assembled = []
-            if self._next_round is not None:
-                _fail(self._next_round, error)
-                self._next_round = None
-            raise
+    async def _commit_assembled(self) -> list[BaseException]:
+        """A round: every share assembled since the last round began."""
+        shares, self._assembled = self._assembled, []
+        return await self._commit_round(shares)
 
     def _settle(self, shares: list[_Share], error: BaseException) -> None:
         """The shares' events will not be acknowledged by this worker."""
@@ -556,14 +531,6 @@ def _fenced(error: BaseException) -> bool:
     """Raised, or a send failed, because another producer with the id started since."""
     causes = [c for _, c in error.failures] if isinstance(error, _Undelivered) else [error]
     return any(isinstance(cause, ProducerFenced) for cause in causes)
-
-
-def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
-    """End `future` as `error` ended what it stood for."""
-    if isinstance(error, asyncio.CancelledError):
-        future.cancel()
-    else:
-        future.set_exception(error)
 
 
 async def _delivered(sent: list[tuple[OutRecord, asyncio.Future[Any]]]) -> None:
