@@ -27,7 +27,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from typing import cast
+from typing import Any, cast
 
 import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -64,12 +64,11 @@ COMMIT_GAP_SECONDS = 0.03
 COMMIT_ON_DELIVERY = True
 
 
-def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
-    """`datadir`: a directory faust insists on, though this app keeps no state there; the
-    caller removes it at exit."""
+def _app_config(settings: Settings, runner: EventRunner, datadir: str) -> dict[str, Any]:
+    """faust's settings for this app: `datadir` is a directory faust insists on, though this
+    app keeps no state there; the caller removes it at exit."""
     servers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
-    app = _App(
-        settings.group_id,
+    return dict(
         broker=servers,
         broker_credentials=kafka_security(settings).faust_credentials(),
         key_serializer="raw",
@@ -102,6 +101,12 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
         autodiscover=False,
         datadir=datadir,
     )
+
+
+def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
+    """The at_least_once worker: one agent reading the input topic in batches for the
+    delivery core."""
+    app = _App(settings.group_id, **_app_config(settings, runner, datadir))
     app.runner = runner
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
