@@ -41,8 +41,10 @@ cadence check: `bench.interval_commits` (faust's 1 s timer commits only) joins t
 then it and the worker are each fed at 50 events/s and killed with SIGKILL N times, and the
 duplicate prompts are counted per kill.
 
-Targets (issue 8): worker >= 1,000 events/s and <= 1 ms CPU an event, >= 40 % of raw
-aiokafka; p99 at half that rate <= 25 ms; RSS flat.
+Floor: each worker's CPU per event against raw aiokafka's passthrough CPU per event plus the
+engine's marginal CPU per event in the file mode on the same events, both from this run (the
+machine's load cancels): at most 1.25x. Older targets, printed too: worker >= 1,000 events/s
+and <= 1 ms CPU an event, >= 40 % of raw aiokafka; p99 at half that rate <= 25 ms; RSS flat.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from bench.corpus import Corpus
 from context_assembler import filemode
+from context_assembler.engine import caches
 from context_assembler.intake.codec import Limits, encode
 from context_assembler.intake.policies import build_registry
 from tests.support.broker import Broker, broker_from_env
@@ -81,6 +84,7 @@ KILL_RATE = 50.0  # events/s fed to a worker being killed
 OUTPUT_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")  # ASSEMBLER_COMPRESSION_TYPE
 CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}  # in a batch's header
 COMPRESSION_BATCH = 10  # records a batch in `compression_cpu`
+FLOOR_SLACK = 1.25  # a worker's CPU per event against raw aiokafka's + the engine's
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,36 @@ async def codec_round(broker: Broker, guarantee: str, codec: str,
                 for topic in (topics.prompts, topics.audit)])
     return CodecResult(guarantee, codec, backlog.events_per_second, backlog.cpu_ms_per_event,
                        size / len(events))
+
+
+def _file_mode_cpu(events: list[tuple[bytes, bytes]]) -> float:
+    """CPU seconds of the file mode over `events`, its caches empty at the start."""
+    caches.reset()
+    sink = io.BytesIO
+    started = time.process_time()
+    filemode.run([("bench", io.BytesIO(b"\n".join(value for _, value in events)))],
+                 build_registry(None), Limits(), prompts=sink(), audits=sink(), errors=sink())
+    return time.process_time() - started
+
+
+def engine_marginal_ms(events: list[tuple[bytes, bytes]], passes: int = 3) -> float:
+    """The engine's marginal CPU ms per event on the worker's own events: the file mode over
+    all of them minus over the first fifth, per event in between (what a run costs whatever
+    its length cancels out); the median of `passes`, alternating the two runs."""
+    head = events[: len(events) // 5]
+    margins = [(_file_mode_cpu(events) - _file_mode_cpu(head)) * 1000 / (len(events) - len(head))
+               for _ in range(passes)]
+    return statistics.median(margins)
+
+
+def floor_ratios(summary: dict[str, dict[str, Any]], engine_ms: float) -> dict[str, Any]:
+    """Each worker's CPU per event against its floor: raw aiokafka's passthrough CPU per event
+    plus the engine's marginal CPU per event, both measured in this run."""
+    floor = summary[LADDER[0].name]["cpu_ms_per_event"] + engine_ms
+    return {"raw_ms": summary[LADDER[0].name]["cpu_ms_per_event"], "engine_ms": engine_ms,
+            "floor_ms": floor,
+            "ratio": {name: summary[name]["cpu_ms_per_event"] / floor
+                      for name in ("worker ALO", "worker EOS") if name in summary}}
 
 
 def compression_cpu(events: list[tuple[bytes, bytes]]) -> dict[str, float]:
@@ -475,6 +509,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
               f"{row['latency_rate']:6.0f} e/s  "
               f"{row['p50_ms']:7.1f}  {row['p99_ms']:7.1f}")
     print()
+    if summary:
+        floor = report["floor"] = floor_ratios(summary, engine_marginal_ms(events))
+        print(f"floor: raw aiokafka {floor['raw_ms']:.2f} + engine (file mode, marginal) "
+              f"{floor['engine_ms']:.2f} = {floor['floor_ms']:.2f} CPU ms/event; "
+              + ", ".join(f"{name} {ratio:.2f}x ({'PASS' if ratio <= FLOOR_SLACK else 'FAIL'} "
+                          f"<= {FLOOR_SLACK:g}x)" for name, ratio in floor["ratio"].items()))
     for name in ("worker ALO", "worker EOS"):
         if name not in summary:
             continue  # --rounds 0: the RSS runs only
