@@ -3,6 +3,7 @@ explain --kafka shows, and that the file commands never load a Kafka client."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -77,3 +78,14 @@ def test_the_file_commands_never_load_a_kafka_client(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             check=True, timeout=120)
     assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_produce_leaves_out_a_line_no_topic_could_take_naming_it_and_sends_the_rest() -> None:
+    """A line over the largest record is never held whole: it is named, not sent."""
+    huge = b'{"request_id": "big", "question": "' + b"x" * 50_000 + b'"}\n'
+    stream = io.BytesIO(b'{"request_id": "a"}\n' + huge + b"\n  \n" + b'{"request_id": "b"}\r\n')
+    skipped: list[str] = []
+    sent = list(kafka.producible([("events.jsonl", stream)], 1_000, skipped))
+    assert sent == [b'{"request_id": "a"}', b'{"request_id": "b"}']
+    assert skipped == [f"events.jsonl:2: not sent, the line is {len(huge) - 1} bytes, over "
+                       "ASSEMBLER_MAX_MESSAGE_BYTES (--max-message-bytes) = 1000"]

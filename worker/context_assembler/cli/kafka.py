@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, BinaryIO, TypedDict
 
 from context_assembler.cli.common import (
     UsageError,
@@ -24,7 +24,8 @@ from context_assembler.cli.common import (
 from context_assembler.cli.files import policy_diff
 from context_assembler.diagnose.explain import UnusableInput, decision_table, printable
 from context_assembler.engine import Policy
-from context_assembler.intake.codec import RejectedInput, decode_event
+from context_assembler.filemode import read_lines
+from context_assembler.intake.codec import Excerpt, RejectedInput, decode_event
 from context_assembler.intake.policies import (
     PolicyRegistry,
     build_registry,
@@ -115,10 +116,13 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
             return await wait_for_answers(reader, starts, settings.prompts_topic,
                                           [(topic, p, o) for p, o in sent], args.timeout)
 
+    skipped: list[str] = []
     with open_inputs(args.files) as sources:
-        answers = asyncio.run(send(line for _, stream in sources for line in stream))
+        answers = asyncio.run(send(producible(sources, settings.max_message_bytes, skipped)))
+    for problem in skipped:
+        print(f"context-assembler: {problem}", file=sys.stderr)
     if answers is None:
-        return 0
+        return 1 if skipped else 0
     for line in answers.dead_letters:
         print(f"dead letter: {line}", file=sys.stderr)
     answered = answers.prompts + len(answers.dead_letters)
@@ -129,7 +133,22 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
               f"{args.timeout:g} s; is a worker running on {servers} (context-assembler "
               "worker)?", file=sys.stderr)
         return 1
-    return 0
+    return 1 if skipped else 0
+
+
+def producible(
+    sources: Iterable[tuple[str, BinaryIO]], max_bytes: int, skipped: list[str],
+) -> Iterator[bytes]:
+    """The non-blank lines of `sources`, none held whole past `max_bytes`: a longer line could
+    not be a record of the topic, so it is left out and named in `skipped`."""
+    for name, stream in sources:
+        for number, line in read_lines(stream, max_bytes):
+            if isinstance(line, Excerpt):
+                skipped.append(f"{name}:{number}: not sent, the line is {line.length} bytes, "
+                               f"over ASSEMBLER_MAX_MESSAGE_BYTES (--max-message-bytes) = "
+                               f"{max_bytes}")
+            else:
+                yield line
 
 
 def report_sent(count: int, topic: str) -> None:
