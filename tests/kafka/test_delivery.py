@@ -10,9 +10,6 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
-from context_assembler.engine.policy import Policy
-from context_assembler.intake.policies import PolicyRegistry
-from context_assembler.kafka import runner as runner_module
 from context_assembler.kafka.delivery import (
     ENGINE_BATCH_BYTES,
     CommitRounds,
@@ -21,9 +18,8 @@ from context_assembler.kafka.delivery import (
     next_batch,
 )
 from context_assembler.kafka.records import Origin, OutRecord
-from context_assembler.kafka.runner import ENGINE_BATCH, EventRunner
-from context_assembler.observability.metrics import Metrics
-from context_assembler.settings import Settings
+from context_assembler.kafka.runner import ENGINE_BATCH
+from tests.kafka.conftest import make_runner
 from tests.kafka.test_records import GOOD
 
 Verdict = Callable[[OutRecord], BaseException | None]
@@ -91,21 +87,6 @@ class MemoryRuntime:
     @property
     def committed(self) -> list[str]:
         return self.commits[-1] if self.commits else []
-
-
-@pytest.fixture
-def exits(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    """Calls of the hard exit, which must never end the test process."""
-    calls: list[float] = []
-    monkeypatch.setattr(runner_module, "_exit_now", calls.append)
-    yield calls
-
-
-def make_runner(**settings: object) -> EventRunner:
-    values: dict[str, object] = {"prompts_topic": "prompts", "audit_topic": "audit",
-                                 "dlq_topic": "dlq", "retry_backoff_max_seconds": 0.05,
-                                 **settings}
-    return EventRunner(Settings.model_validate(values), PolicyRegistry(Policy()), Metrics())
 
 
 class Rig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from aiokafka.errors import (
@@ -40,6 +40,7 @@ from context_assembler.kafka.runner import (
 )
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
+from tests.kafka.conftest import make_runner
 from tests.kafka.test_records import GOOD, origin
 
 
@@ -60,23 +61,8 @@ def test_too_large_and_persistent_errors_are_told_apart() -> None:
         assert persistent(stuck) and persistent(wrapped(stuck))
 
 
-@pytest.fixture
-def exits(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    """Calls of the hard exit, which must never end the test process."""
-    calls: list[float] = []
-    monkeypatch.setattr(runner_module, "_exit_now", calls.append)
-    yield calls
-
-
-def make(**settings: object) -> EventRunner:
-    values: dict[str, object] = {"prompts_topic": "prompts", "audit_topic": "audit",
-                                 "dlq_topic": "dlq", "retry_backoff_max_seconds": 0.05}
-    values.update(settings)
-    return EventRunner(Settings.model_validate(values), PolicyRegistry(Policy()), Metrics())
-
-
 async def test_a_refused_output_turns_the_event_into_an_output_too_large_dead_letter() -> None:
-    runner = make()
+    runner = make_runner()
     outcome = await runner.process(GOOD, origin())
     sent: list[OutRecord] = []
 
@@ -96,7 +82,7 @@ async def test_a_refused_output_turns_the_event_into_an_output_too_large_dead_le
 
 
 async def test_a_refused_dead_letter_is_cut_until_the_topic_takes_it() -> None:
-    runner = make()
+    runner = make_runner()
     raw = b'{"request_id": "big", "padding": "' + b"x" * 200_000 + b'"}'
     outcome = await runner.process(raw, origin())
     sizes: list[int] = []
@@ -115,7 +101,7 @@ async def test_a_refused_dead_letter_is_cut_until_the_topic_takes_it() -> None:
 async def test_a_persistent_failure_blocks_readiness_and_stop_ends_the_retries(
     exits: list[float],
 ) -> None:
-    runner = make(shutdown_grace_seconds=0.4)
+    runner = make_runner(shutdown_grace_seconds=0.4)
     outcome = await runner.process(b"{bad", origin())
     attempts = 0
 
@@ -141,7 +127,7 @@ async def test_a_persistent_failure_blocks_readiness_and_stop_ends_the_retries(
 async def test_stop_cancels_a_delivery_still_hanging_after_half_the_grace_period(
     exits: list[float],
 ) -> None:
-    runner = make(shutdown_grace_seconds=0.4)
+    runner = make_runner(shutdown_grace_seconds=0.4)
     outcome = await runner.process(GOOD, origin())
 
     async def hang(record: OutRecord) -> None:
@@ -206,7 +192,7 @@ class Producer:
 
 
 async def test_a_batch_is_sent_at_once_and_only_its_failed_records_are_sent_again() -> None:
-    runner = make()
+    runner = make_runner()
     batch = origins(3)
     outcomes = await runner.process_all([(GOOD, o) for o in batch])
     producer = Producer()
@@ -228,7 +214,7 @@ async def test_a_batch_is_sent_at_once_and_only_its_failed_records_are_sent_agai
 
 
 async def test_after_a_record_the_producer_refuses_the_rest_go_event_by_event() -> None:
-    runner = make(retry_backoff_max_seconds=0.05)
+    runner = make_runner(retry_backoff_max_seconds=0.05)
     batch = origins(2)
     outcomes = await runner.process_all([(GOOD, o) for o in batch])
     refusing = [True]
@@ -251,7 +237,7 @@ async def test_after_a_record_the_producer_refuses_the_rest_go_event_by_event() 
 
 
 async def test_a_batch_cancelled_while_sending_is_settled_as_not_delivered() -> None:
-    runner = make()
+    runner = make_runner()
     batch = origins(2)
     outcomes = await runner.process_all([(GOOD, o) for o in batch])
     producer = Producer()
@@ -267,7 +253,7 @@ async def test_a_batch_cancelled_while_sending_is_settled_as_not_delivered() -> 
 
 
 async def test_a_record_refused_in_a_batch_is_sent_alone_before_anything_is_learned() -> None:
-    runner = make()
+    runner = make_runner()
     outcome = await runner.process(GOOD, origin())
     alone: list[OutRecord] = []
 
