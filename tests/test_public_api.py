@@ -28,9 +28,10 @@ def test_assemble_a_validated_event_under_a_preset_is_deterministic() -> None:
     assert encode(first.prompt) == encode(second.prompt)
     assert encode(first.audit) == encode(second.audit)
     assert first.prompt.engine.version == ca.__version__
-    shown = {c.chunk_id for c in first.audit.kept} | {d.chunk_id for d in first.audit.dropped}
-    assert shown == {chunk.chunk_id for chunk in first.prompt.citations} | {
-        d.chunk_id for d in first.audit.dropped}
+    kept = [c.chunk_id for c in first.audit.kept]
+    assert kept and sorted(kept) == sorted(chunk.chunk_id for chunk in first.prompt.citations)
+    accounted = sorted([*kept, *(d.chunk_id for d in first.audit.dropped)])
+    assert accounted == sorted(c.chunk_id for c in ca.RetrievalResult.model_validate_json(line).chunks)
 
 
 def test_an_unknown_preset_is_a_policy_error_naming_the_presets() -> None:
