@@ -274,13 +274,20 @@ async def codec_round(broker: Broker, guarantee: str, codec: str,
                        size / len(events))
 
 
+def _file_mode(events: list[tuple[bytes, bytes]]) -> tuple[io.BytesIO, io.BytesIO]:
+    """The file mode over `events` under the default policy: its prompts and audits."""
+    prompts, audits = io.BytesIO(), io.BytesIO()
+    filemode.run([("bench", io.BytesIO(b"\n".join(value for _, value in events)))],
+                 build_registry(None), Limits(), prompts=prompts, audits=audits,
+                 errors=io.BytesIO())
+    return prompts, audits
+
+
 def _file_mode_cpu(events: list[tuple[bytes, bytes]]) -> float:
     """CPU seconds of the file mode over `events`, its caches empty at the start."""
     caches.reset()
-    sink = io.BytesIO
     started = time.process_time()
-    filemode.run([("bench", io.BytesIO(b"\n".join(value for _, value in events)))],
-                 build_registry(None), Limits(), prompts=sink(), audits=sink(), errors=sink())
+    _file_mode(events)
     return time.process_time() - started
 
 
@@ -309,10 +316,7 @@ def compression_cpu(events: list[tuple[bytes, bytes]]) -> dict[str, float]:
     aiokafka's producers do (their batch builder), with each codec, COMPRESSION_BATCH records
     a batch; medians of 5 passes. In one process, off the broker: the machine's other load
     moves it far less than the workers' CPU figures."""
-    prompts, audits = io.BytesIO(), io.BytesIO()
-    filemode.run([("bench", io.BytesIO(b"\n".join(value for _, value in events)))],
-                 build_registry(None), Limits(), prompts=prompts, audits=audits,
-                 errors=io.BytesIO())
+    prompts, audits = _file_mode(events)
     batches = [lines[start:start + COMPRESSION_BATCH]
                for lines in (prompts.getvalue().splitlines(), audits.getvalue().splitlines())
                for start in range(0, len(lines), COMPRESSION_BATCH)]
