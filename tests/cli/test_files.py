@@ -3,6 +3,7 @@ explain, sweep and policy."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tracemalloc
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from context_assembler.cli.main import main
+from context_assembler.collector import GC_THRESHOLDS
 from tests.factories import EXAMPLES, naming_policy
 
 
@@ -35,6 +37,20 @@ def test_assemble_writes_prompts_and_audits_in_input_order(tmp_path: Path) -> No
     expected = [json.loads(line)["request_id"] for line in (EXAMPLES / "events.jsonl").read_text().splitlines()]
     assert [p["request_id"] for p in lines(out)] == expected
     assert [a["request_id"] for a in lines(audit)] == expected
+
+
+def test_assemble_collects_less_once_started(tmp_path: Path) -> None:
+    """A long file is one long run: what start-up made is frozen, young objects collected
+    every 10,000 allocations, as in the worker."""
+    before = gc.get_threshold()
+    try:
+        assert main(["assemble", str(EVENTS), "--out", str(tmp_path / "p.jsonl"),
+                     "--allow-policy", "window-8k"]) == 0
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
 
 
 def test_bad_lines_become_error_records_and_the_rest_is_assembled(tmp_path: Path) -> None:

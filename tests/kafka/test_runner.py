@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import threading
 from collections.abc import Callable
 
@@ -31,10 +30,8 @@ from context_assembler.kafka.records import (
     record_size,
 )
 from context_assembler.kafka.runner import (
-    GC_THRESHOLDS,
     EventRunner,
     Stopped,
-    collect_less,
     persistent,
     too_large,
 )
@@ -267,19 +264,3 @@ async def test_a_record_refused_in_a_batch_is_sent_alone_before_anything_is_lear
     assert sorted(r.topic for r in alone) == ["audit", "prompts"]  # as they were: no dead letter
     assert runner.batch_bytes == runner_module.PRODUCER_BATCH_BYTES  # nothing learned
     runner.close()
-
-
-def test_collect_less_freezes_start_up_and_raises_the_thresholds() -> None:
-    before = gc.get_threshold()
-    started = [object() for _ in range(100)]  # lives on past start-up
-    try:
-        collect_less()
-        assert gc.get_threshold() == GC_THRESHOLDS
-        assert gc.get_freeze_count() >= len(started)
-        cycle: list[object] = []
-        cycle.append(cycle)  # garbage made after start-up is still collected
-        del cycle
-        assert gc.collect() >= 1
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)

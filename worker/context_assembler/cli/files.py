@@ -20,6 +20,7 @@ from context_assembler.cli.common import (
     parse_audit,
     refuse_overlaps,
 )
+from context_assembler.collector import collect_less
 from context_assembler.contract.models import AssemblyAudit, RetrievalResult
 from context_assembler.diagnose.explain import (
     SEED_BUDGETS,
@@ -55,6 +56,7 @@ def cmd_assemble(args: argparse.Namespace, settings: Settings) -> int:
         assert prompts is not None and errors is not None
         if records is not None:
             filemode.write_policies(registry, records)
+        collect_less()  # started: what start-up made is never scanned again
         totals = filemode.run(
             sources, registry, settings.limits, prompts=prompts, audits=audits, errors=errors
         )

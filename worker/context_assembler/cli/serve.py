@@ -12,6 +12,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from context_assembler.cli.common import command, note
+from context_assembler.collector import collect_less
 from context_assembler.intake.policies import build_registry
 from context_assembler.settings import Settings
 
@@ -49,6 +50,7 @@ def cmd_serve(_: argparse.Namespace, settings: Settings) -> int:
                       body_timeout=settings.body_timeout_seconds,
                       idle_timeout=settings.idle_timeout_seconds)
     server = Server(service, settings.serve_host, settings.serve_port)
+    collect_less()  # started: what start-up made is never scanned again
     try:
         asyncio.run(_serve(server, settings.serve_host))
     finally:

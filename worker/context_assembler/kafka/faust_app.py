@@ -38,11 +38,12 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 from faust.types.transports import TransportT
 
+from context_assembler.collector import collect_less
 from context_assembler.kafka.connection import kafka_security
 from context_assembler.kafka.delivery import Delivery, next_batch
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from context_assembler.kafka.records import Origin, OutRecord, value_of
-from context_assembler.kafka.runner import PRODUCER_LINGER_MS, EventRunner, collect_less
+from context_assembler.kafka.runner import PRODUCER_LINGER_MS, EventRunner
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,6 @@ latency observed, its span ended) or given up to the next owner (its span ended 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import time
@@ -66,26 +65,11 @@ PRODUCER_BATCH_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 PRODUCER_LINGER_MS = 5
 # Events handed to the engine thread in one call, at most (`process_all`).
 ENGINE_BATCH = 64
-# The cyclic collector's thresholds once started (`collect_less`); CPython's are (700, 10, 10).
-GC_THRESHOLDS = (10_000, 10, 10)
 Send = Callable[[OutRecord], Awaitable[object]]
 # Hands a record of the event at Origin to the producer; the awaitable it returns is done
 # once the broker acknowledged the record (or failed with the reason it did not).
 Enqueue = Callable[[Origin, OutRecord], Awaitable[Awaitable[object]]]
 SendAlone = Callable[[Origin, OutRecord], Awaitable[object]]  # in a batch of its own
-
-
-def collect_less() -> None:
-    """Call once started: freeze what start-up made, and collect young objects every 10,000
-    allocations instead of 700. With the defaults the cyclic collector kept rescanning
-    start-up's objects (faust, the vocabulary) and the engine's caches: 1.0-1.5 s of a
-    4,000-event run, with pauses of 3-30 ms several times a second and full collections of
-    80-150 ms every few seconds, which alone put p99 latency past 25 ms. Garbage cycles are
-    still collected, only later; frozen objects are not scanned again, and are freed by
-    reference counting as before."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class Stopped(Exception):

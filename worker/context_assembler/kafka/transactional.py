@@ -59,6 +59,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
+from context_assembler.collector import collect_less
 from context_assembler.kafka.connection import acl_hint, kafka_security
 from context_assembler.kafka.delivery import CommitRounds, batches, hand_over
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
@@ -68,7 +69,6 @@ from context_assembler.kafka.runner import (
     Attempts,
     EventRunner,
     Stopped,
-    collect_less,
     too_large,
 )
 from context_assembler.settings import Settings
