@@ -148,6 +148,7 @@ class _Rendered:
     labels: list[str]
     passages: list[str]
     user_parts: list[str]
+    context_tokens: int  # the joined context's count: the budget checks it, the audit shows it
 
 
 def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
@@ -164,7 +165,8 @@ def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
         for item, label in zip(ordered, labels, strict=True)
     ]
     user_parts = render.user_parts(assembling.event.question, passages, policy.render)
-    return _Rendered(ordered, labels, passages, user_parts)
+    context_tokens = _context_tokens(passages, policy.render.separator, assembling.counter)
+    return _Rendered(ordered, labels, passages, user_parts, context_tokens)
 
 
 def _render_within_limits(
@@ -192,7 +194,7 @@ def _records(
     the one rendering the model reads."""
     event, policy, counter = assembling.event, assembling.policy, assembling.counter
     tokens = TokenUsage(
-        context=_context_tokens(shown.passages, policy.render.separator, counter),
+        context=shown.context_tokens,
         prompt=assembling.prompt_tokens(fitted.history, shown.user_parts, counter),
         budget=assembling.plan.passages,
         tokenizer=counter.name,
@@ -312,9 +314,9 @@ def _overflow(
     policy, plan, counter = assembling.policy, assembling.plan, assembling.counter
     passages = shown.passages
     if policy.budget.charge_separators:
-        context_tokens = _context_tokens(passages, policy.render.separator, counter)
-        if context_tokens > plan.passages:
-            return f"the joined context would need {context_tokens} of {plan.passages} tokens"
+        if shown.context_tokens > plan.passages:
+            return (f"the joined context would need {shown.context_tokens} of {plan.passages} "
+                    "tokens")
     elif (passage_tokens := sum(map(counter.count, passages))) > plan.passages:
         return f"the passages would need {passage_tokens} of {plan.passages} tokens"
     if plan.prompt_limit is None:
