@@ -384,6 +384,7 @@ class TransactionalWorker:
                             joined.exception()  # the records' failure is the one raised
                         raise
                     await joined
+            self.runner.metrics.transactions.inc()
         except (KafkaError, _Undelivered) as error:
             if _fenced(error):
                 await self._drop_fenced(partition)
