@@ -8,8 +8,8 @@ never raises for one event (bad input is an outcome, a failed send is retried un
 acknowledged), and leaves acks and commits to the delivery core: in input order per
 partition, in commit rounds at least the commit interval apart (ASSEMBLER_COMMIT_INTERVAL_MS,
 30 ms unless set), so a kill -9 redoes only what was delivered during that interval and a
-commit round trip (faust's 1 s timer redid up to a
-second of events, each a duplicate LLM call downstream).
+commit round trip (faust's 1 s timer redid up to a second of events, each a duplicate LLM
+call downstream).
 
 The events that arrived while the last batch was assembled go to the engine in one call
 (`delivery.next_batch`) and are delivered as one task, their records handed to faust's

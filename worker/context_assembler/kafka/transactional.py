@@ -26,10 +26,10 @@ since the last one began, and commits each partition's share in one transaction,
 partitions concurrently. A round starts no sooner than the commit interval
 (ASSEMBLER_COMMIT_INTERVAL_MS) after the previous one started, so at low rates events share
 fewer transactions. So an event waits for at most the interval, the round in progress and
-its own, whatever the batch it came in; a round that started before a batch's events were assembled
-does not wait for them, nor they for a batch read after them. A read_committed reader of an
-output partition sees nothing past its earliest open transaction: rounds that never overlap
-let it see each round as soon as it commits.
+its own, whatever the batch it came in; a round that started before a batch's events were
+assembled does not wait for them, nor they for a batch read after them. A read_committed
+reader of an output partition sees nothing past its earliest open transaction: rounds that
+never overlap let it see each round as soon as it commits.
 
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
