@@ -3,6 +3,7 @@
     python -m bench.kafka_bench [--events 3000] [--rounds 3] [--rate R] [--rss-events 4000]
                                 [--json out/kafka-bench.json] [--scale] [--kills 2]
                                 [--only NAME ...] [--codec-rounds 2] [--codec-events 1500]
+                                [--intervals MS ...] [--interval-rounds 2]
 
 The ladder, each a process of its own on the same broker, in alternating rounds on fresh
 topics (the order reversed every other round, so machine noise hits them alike):
@@ -41,6 +42,13 @@ cadence check: `bench.interval_commits` (faust's 1 s timer commits only) joins t
 then it and the worker are each fed at 50 events/s and killed with SIGKILL N times, and the
 duplicate prompts are counted per kill.
 
+Commit intervals (--intervals 0 50 100 250): the exactly_once worker at each
+ASSEMBLER_COMMIT_INTERVAL_MS, and raw aiokafka, each through a backlog of --events (warm-up)
+and then fed at one rate (--rate, else half the first worker run's throughput) for
+--latency-seconds, in alternating order over --interval-rounds rounds: p50 and p99 latency,
+CPU ms per event at that rate and transactions per second (the worker's
+transactions_total); and whether p50 <= interval + 2x raw aiokafka's p50 of the same round.
+
 Floor: each worker's CPU per event against raw aiokafka's passthrough CPU per event plus the
 engine's marginal CPU per event in the file mode on the same events, both from this run (the
 machine's load cancels): at most 1.25x. Older targets, printed too: worker >= 1,000 events/s
@@ -72,6 +80,7 @@ from context_assembler import filemode
 from context_assembler.engine import caches
 from context_assembler.intake.codec import Limits, encode
 from context_assembler.intake.policies import build_registry
+from context_assembler.settings import DEFAULT_COMMIT_INTERVAL_MS
 from tests.support.broker import Broker, broker_from_env
 from tests.support.codecs import batches_of
 from tests.support.worker import Topics, WorkerProcess, read_topic
@@ -95,6 +104,7 @@ class Contender:
     workers: int = 1
     http: bool = True  # /ready and /metrics (raw aiokafka has neither)
     compression: str = "none"  # ASSEMBLER_COMPRESSION_TYPE (the worker's only)
+    commit_interval_ms: int | None = None  # ASSEMBLER_COMMIT_INTERVAL_MS; None: its default
 
 
 LADDER = [
@@ -181,6 +191,8 @@ async def start(broker: Broker, contender: Contender, topics: Topics,
                 logs: Path) -> list[WorkerProcess]:
     tag = contender.name.replace(" ", "-")
     env = {"ASSEMBLER_COMPRESSION_TYPE": contender.compression}
+    if contender.commit_interval_ms is not None:
+        env["ASSEMBLER_COMMIT_INTERVAL_MS"] = str(contender.commit_interval_ms)
     return [WorkerProcess(broker, topics, logs / f"{tag}-{topics.group}-{i}.log",
                           guarantee=contender.guarantee, extra_env=env,
                           module=contender.module).start()
@@ -408,6 +420,90 @@ async def latency(broker: Broker, topics: Topics, events: list[tuple[bytes, byte
 
 
 @dataclass
+class AtRate:
+    """A contender fed at one rate: its latency, CPU and transactions."""
+
+    rate: float  # events/s
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_event: float  # the process's CPU over the feed, per event fed
+    transactions_per_second: float  # exactly_once only
+
+
+async def at_rate(broker: Broker, contender: Contender, events: list[tuple[bytes, bytes]],
+                  rate: float | None, args: argparse.Namespace, logs: Path) -> AtRate:
+    """The contender through a backlog of `events` (its warm-up), then fed at `rate` (None:
+    half its throughput through the backlog)."""
+    backlog = await run_backlog(broker, contender, events, logs)
+    procs = backlog.procs
+    pids = [p.process.pid for p in procs if p.process is not None]
+
+    def transactions() -> float:
+        return sum(p.metric("context_assembler_transactions_total") for p in procs
+                   ) if contender.http else 0.0
+
+    try:
+        rate = backlog.events_per_second / 2 if rate is None else rate
+        cpu, count, began = cpu_seconds(pids), transactions(), time.monotonic()
+        latencies = await latency(broker, backlog.topics, events, len(events), rate, args)
+        seconds = time.monotonic() - began
+        cpu, count = cpu_seconds(pids) - cpu, transactions() - count
+    finally:
+        for proc in procs:
+            proc.stop()
+    return AtRate(rate, statistics.median(latencies),
+                  latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+                  cpu * 1000 / len(latencies), count / seconds)
+
+
+async def interval_rounds(broker: Broker, args: argparse.Namespace,
+                          logs: Path) -> dict[str, dict[str, float]]:
+    """The exactly_once worker at each commit interval and raw aiokafka, at one rate, in
+    alternating order; medians of the rounds, and each interval's p50 against its bar:
+    interval + 2x raw aiokafka's p50 in the same round."""
+    events = make_events(args.events, args.chunks, args.seed)
+    contenders = [Contender(f"EOS {ms} ms", "context_assembler.cli", EOS, commit_interval_ms=ms)
+                  for ms in args.intervals] + [LADDER[0]]
+    rate: float | None = args.rate
+    runs: dict[str, list[AtRate]] = {c.name: [] for c in contenders}
+    margins: dict[str, list[float]] = {c.name: [] for c in contenders[:-1]}  # bar - p50, ms
+    for round_ in range(args.interval_rounds):
+        for contender in contenders if round_ % 2 == 0 else contenders[::-1]:
+            run = await at_rate(broker, contender, events, rate, args, logs)
+            rate = run.rate  # the first run's, for every run
+            runs[contender.name].append(run)
+            print(f"interval round {round_ + 1} {contender.name:>12}: at {run.rate:4.0f} "
+                  f"events/s p50 {run.p50_ms:6.1f} ms, p99 {run.p99_ms:6.1f} ms, "
+                  f"{run.cpu_ms_per_event:5.2f} CPU ms/event, "
+                  f"{run.transactions_per_second:5.1f} transactions/s", flush=True)
+        raw = runs[LADDER[0].name][-1]
+        for contender in contenders[:-1]:
+            bar = (contender.commit_interval_ms or 0) + 2 * raw.p50_ms
+            margins[contender.name].append(bar - runs[contender.name][-1].p50_ms)
+    summary = {name: {"rate": statistics.median(r.rate for r in rs),
+                      "p50_ms": statistics.median(r.p50_ms for r in rs),
+                      "p99_ms": statistics.median(r.p99_ms for r in rs),
+                      "cpu_ms_per_event": statistics.median(r.cpu_ms_per_event for r in rs),
+                      "transactions_per_second": statistics.median(
+                          r.transactions_per_second for r in rs),
+                      "bar_minus_p50_ms": statistics.median(margins.get(name, [0.0]))}
+               for name, rs in runs.items()}
+    default = f"EOS {DEFAULT_COMMIT_INTERVAL_MS[EOS]} ms"
+    print(f"\ncommit intervals: exactly_once at {rate:.0f} events/s, {args.interval_rounds} "
+          f"rounds (medians); bar: p50 <= interval + 2x raw aiokafka's p50 (same round)")
+    print(f"{'contender':>17}  {'p50 ms':>7}  {'p99 ms':>7}  {'CPU ms/ev':>9}  "
+          f"{'txn/s':>6}  {'bar - p50':>9}")
+    for name, row in summary.items():
+        verdict = "" if name == LADDER[0].name else (
+            f"  {'PASS' if row['bar_minus_p50_ms'] >= 0 else 'FAIL'}"
+            + (" (the default)" if name == default else ""))
+        print(f"{name:>17}  {row['p50_ms']:7.1f}  {row['p99_ms']:7.1f}  "
+              f"{row['cpu_ms_per_event']:9.2f}  {row['transactions_per_second']:6.1f}  "
+              f"{row['bar_minus_p50_ms']:+9.1f}{verdict}")
+    return summary
+
+
+@dataclass
 class RssRun:
     guarantee: str
     events: int
@@ -489,6 +585,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             report["duplicates_per_kill"] = await kill_rounds(broker, args, logs)
         if args.codec_rounds:
             report["output_codecs"] = await codec_rounds(broker, args, logs)
+        if args.intervals:
+            report["commit_intervals"] = await interval_rounds(broker, args, logs)
     finally:
         broker.stop()
         shutil.rmtree(logs / "broker", ignore_errors=True)  # GBs of topics; the logs stay
@@ -617,6 +715,11 @@ def main() -> None:
                         help="rounds of the output codecs, each guarantee (0: none)")
     parser.add_argument("--codec-events", type=int, default=1500,
                         help="backlog per output codec run")
+    parser.add_argument("--intervals", type=int, nargs="+", metavar="MS",
+                        help="exactly_once commit intervals to measure latency at, e.g. "
+                        "--intervals 0 50 100 250")
+    parser.add_argument("--interval-rounds", type=int, default=2,
+                        help="rounds of the commit intervals")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", default="out/kafka-bench.json", help="write the results here")
     args = parser.parse_args()

@@ -55,7 +55,7 @@ READS_EVENTS = ["assemble", "explain", "sweep", "worker", "replay", "serve"]
 # A value other than the default for each setting a flag sets; numbers and names otherwise.
 SAMPLES = {"max_message_bytes": "20000", "session_timeout_seconds": "30",
            "processing_guarantee": "exactly_once", "compression_type": "gzip",
-           "log_level": "DEBUG", "allowed_policies": "estimated"}
+           "log_level": "DEBUG", "allowed_policies": "estimated", "commit_interval_ms": "250"}
 
 
 def sample(name: str) -> str:
@@ -137,6 +137,27 @@ def test_topics_must_differ(monkeypatch: pytest.MonkeyPatch) -> None:
 def _bounds(metadata: list[object]) -> list[object]:
     """A field's bounds (ge, le...): pydantic versions differ in what else they keep there."""
     return [item for item in metadata if isinstance(item, annotated_types.BaseMetadata)]
+
+
+def test_the_commit_interval_defaults_by_guarantee_and_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().commit_interval_seconds == 0.03  # at_least_once
+    assert Settings(processing_guarantee="exactly_once").commit_interval_seconds == 0.05
+    monkeypatch.setenv("ASSEMBLER_COMMIT_INTERVAL_MS", "")  # empty: unset
+    assert load_settings().commit_interval_ms is None
+    monkeypatch.setenv("ASSEMBLER_COMMIT_INTERVAL_MS", "0")  # given: whatever the guarantee
+    assert load_settings({"processing_guarantee": "exactly_once"}).commit_interval_seconds == 0
+    monkeypatch.setenv("ASSEMBLER_COMMIT_INTERVAL_MS", "250")
+    assert load_settings().commit_interval_seconds == 0.25
+    for bad, why in (("-1", "greater than or equal to 0"), ("5001", "less than or equal to 5000"),
+                     ("0.5", "a valid integer")):
+        monkeypatch.setenv("ASSEMBLER_COMMIT_INTERVAL_MS", bad)
+        with pytest.raises(SettingsError) as caught:
+            load_settings(command="worker")
+        assert str(caught.value).startswith(
+            "invalid settings: ASSEMBLER_COMMIT_INTERVAL_MS (--commit-interval-ms): ")
+        assert why in str(caught.value)
 
 
 def test_the_event_limits_are_declared_once_in_limits_and_read_from_flat_variables(

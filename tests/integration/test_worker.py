@@ -46,5 +46,7 @@ async def test_every_event_gives_one_prompt_and_one_audit_equal_to_file_mode(
             assert headers["context-assembler.source.topic"] == topics.input.encode()
             assert int(headers["context-assembler.source.offset"]) >= 0
         assert worker.metric('context_assembler_events_total{outcome="assembled"}') == 48
+        transactions = worker.metric("context_assembler_transactions_total")
+        assert 1 <= transactions <= 48 if committed else transactions == 0
     finally:
         worker.stop()

@@ -237,7 +237,7 @@ class GatedCommit:
 
 async def test_requests_during_a_round_are_answered_by_one_more_round() -> None:
     commit = GatedCommit()
-    rounds = CommitRounds(commit, gap=0.02)
+    rounds = CommitRounds(commit, interval=0.02)
     first = rounds.request()
     await until(lambda: commit.started == 1)
     later = [rounds.request() for _ in range(3)]  # one round later takes them all
@@ -251,6 +251,67 @@ async def test_requests_during_a_round_are_answered_by_one_more_round() -> None:
     assert await asyncio.wait_for(later[0], 1) == 2
     await asyncio.sleep(0.05)
     assert commit.started == 2  # nothing requested since: no round
+    await rounds.close()
+
+
+class TimedCommit:
+    """Commits that take `seconds` each, noting when each started (the event loop's clock)."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+        self.starts: list[float] = []
+
+    async def __call__(self) -> int:
+        self.starts.append(asyncio.get_running_loop().time())
+        await asyncio.sleep(self.seconds)
+        return len(self.starts)
+
+
+async def test_rounds_start_at_least_the_interval_apart_and_requests_in_between_share_one(
+) -> None:
+    commit = TimedCommit()
+    rounds = CommitRounds(commit, interval=0.2)
+    first = rounds.request()
+    await asyncio.sleep(0)
+    assert len(commit.starts) == 1  # the first round does not wait
+    assert await asyncio.wait_for(first, 1) == 1
+    waiting = []
+    for _ in range(4):  # within the interval: all in the next round
+        waiting.append(rounds.request())
+        await asyncio.sleep(0.02)
+    assert all(request is waiting[0] for request in waiting) and len(commit.starts) == 1
+    assert await asyncio.wait_for(waiting[0], 1) == 2
+    assert commit.starts[1] - commit.starts[0] >= 0.199  # the loop's clock, to its resolution
+    await asyncio.sleep(0.25)  # idle past the interval: the next round starts at once
+    rounds.request()
+    await asyncio.sleep(0)
+    assert len(commit.starts) == 3
+    await rounds.close()
+
+
+async def test_a_round_longer_than_the_interval_is_followed_at_once() -> None:
+    commit = TimedCommit(seconds=0.3)
+    rounds = CommitRounds(commit, interval=0.1)
+    first = rounds.request()
+    await until(lambda: len(commit.starts) == 1)
+    second = rounds.request()
+    assert await asyncio.wait_for(first, 1) == 1
+    assert len(commit.starts) == 2  # started as the first ended: no wait for the interval
+    assert await asyncio.wait_for(second, 1) == 2
+    await rounds.close()
+
+
+async def test_interval_zero_runs_the_rounds_back_to_back() -> None:
+    commit = GatedCommit()
+    rounds = CommitRounds(commit, interval=0.0)
+    first = rounds.request()
+    await until(lambda: commit.started == 1)
+    second = rounds.request()
+    commit.gate.set()
+    assert await asyncio.wait_for(first, 1) == 1
+    assert commit.started == 2  # started as the first ended
+    commit.gate.set()
+    assert await asyncio.wait_for(second, 1) == 2
     await rounds.close()
 
 

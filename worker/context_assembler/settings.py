@@ -41,6 +41,13 @@ MIN_MESSAGE_BYTES = 16_384
 # aiokafka compresses and decodes snappy, lz4 and zstd with cramjam, its codec extras.
 CODEC_PACKAGE = "cramjam"
 INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
+# The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off):
+# exactly_once, measured against Kafka Streams' 100 ms: 50 ms took a third off the latency for
+# the same CPU, 0 cost a fifth more CPU; at_least_once, it bounds what a kill -9 redoes.
+DEFAULT_COMMIT_INTERVAL_MS: Final[Mapping[str, int]] = {"exactly_once": 50,
+                                                        "at_least_once": 30}
+# Below the least session timeout: a revoked partition's hand-over waits for the next round.
+MAX_COMMIT_INTERVAL_MS = 5_000
 
 
 class SettingsError(ContextAssemblerError, ValueError):
@@ -151,6 +158,14 @@ class Settings(BaseSettings):
         "partition (<prefix>-<topic>-<partition>), the same on every replica, so that a "
         "partition's next owner fences its previous one. Unset: the group id.",
     )
+    commit_interval_ms: Annotated[int | None, Flag("--commit-interval-ms")] = Field(
+        default=None, ge=0, le=MAX_COMMIT_INTERVAL_MS,
+        description="The least time between the starts of two commits, in milliseconds: "
+        "exactly_once, of two rounds of transactions (events assembled in between share one); "
+        "at_least_once, of two offset commits (a kill -9 redoes about that long's deliveries). "
+        "A commit that took longer is followed at once. Unset: 50 under exactly_once, 30 "
+        "under at_least_once.",
+    )
     http_host: Annotated[str, Flag("--http-host")] = Field(
         default="127.0.0.1",
         description="Where the worker's /metrics, /health and /ready listen: this machine only "
@@ -255,9 +270,10 @@ class Settings(BaseSettings):
             raise ValueError(f"{value} needs the {CODEC_PACKAGE} package ({INSTALL})")
         return value
 
-    @field_validator("group_instance_id", "sasl_mechanism", "sasl_username", "sasl_password",
-                     "sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
-                     "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", mode="before")
+    @field_validator("commit_interval_ms", "group_instance_id", "sasl_mechanism",
+                     "sasl_username", "sasl_password", "sasl_password_file",
+                     "sasl_oauthbearer_token_file", "ssl_ca_file", "ssl_cert_file",
+                     "ssl_key_file", "ssl_key_password_file", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return value.strip() or None if isinstance(value, str) else value
@@ -301,6 +317,14 @@ class Settings(BaseSettings):
         """Give the engine's caches the byte caps these settings name."""
         caches.configure(facts=self.cache_facts_bytes, words=self.cache_words_bytes,
                          tokens=self.cache_tokens_bytes)
+
+    @property
+    def commit_interval_seconds(self) -> float:
+        """commit_interval_ms, or the guarantee's default when unset, in seconds."""
+        interval_ms = self.commit_interval_ms
+        if interval_ms is None:
+            interval_ms = DEFAULT_COMMIT_INTERVAL_MS[self.processing_guarantee]
+        return interval_ms / 1000
 
     @property
     def limits(self) -> Limits:

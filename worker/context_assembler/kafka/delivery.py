@@ -11,7 +11,8 @@ sends records and commits offsets; the rules of when are here, written and teste
 - `batches` and `next_batch`: events go to the engine in batches of at most ENGINE_BATCH
   events and ENGINE_BATCH_BYTES of input.
 - `CommitRounds`: commits run one at a time; a round takes everything that became
-  committable before it began, so commits never overlap and never wait for later work.
+  committable before it began, so commits never overlap and never wait for later work, and
+  starts no sooner than the commit interval after the previous one started.
 - `hand_over`: a revoked partition is given up once its deliveries under way ended, or after
   a bound (the session timeout), so that its next owner reads from what they committed.
 - `Delivery`: at-least-once delivery over a `Runtime` (send, acknowledge, commit): each batch
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -127,18 +129,21 @@ async def next_batch(arrived: asyncio.Queue[T | None], size: Callable[[T], int])
 
 class CommitRounds(Generic[R]):
     """Runs `commit` one round at a time, each round answering every request made before it
-    began, with `gap` seconds between rounds (batching the requests meanwhile)."""
+    began. A round starts no sooner than `interval` seconds after the previous one started,
+    so requests in between share one round; one that took longer is followed at once, so
+    under load nothing waits for the interval."""
 
     def __init__(
-        self, commit: Callable[[], Awaitable[R]], gap: float = 0.0,
+        self, commit: Callable[[], Awaitable[R]], interval: float = 0.0,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = asyncio.create_task,
     ) -> None:
         """`spawn`: runs the rounds as a task (the runner's, for stopping to cancel it)."""
         self._commit = commit
-        self._gap = gap
+        self._interval = interval
         self._spawn = spawn
         self._next: asyncio.Future[R] | None = None  # the next round's outcome
         self._rounds: asyncio.Task[None] | None = None
+        self._last_start = -math.inf  # the event loop's clock
 
     def request(self) -> asyncio.Future[R]:
         """A round will begin after this; its outcome, or its error. Cancelling the
@@ -150,8 +155,13 @@ class CommitRounds(Generic[R]):
         return self._next
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while self._next is not None:
+                wait = self._last_start + self._interval - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._last_start = loop.time()
                 answered, self._next = self._next, None
                 try:
                     result = await self._commit()
@@ -160,8 +170,6 @@ class CommitRounds(Generic[R]):
                     raise
                 if not answered.done():
                     answered.set_result(result)
-                if self._gap:
-                    await asyncio.sleep(self._gap)
         except BaseException as error:
             if self._next is not None:
                 _fail(self._next, error)
@@ -223,12 +231,12 @@ class Delivery(Generic[T]):
     strictly in input order per partition, at most `max_in_flight` events unacknowledged."""
 
     def __init__(self, runner: EventRunner, runtime: Runtime[T], max_in_flight: int,
-                 commit_gap: float) -> None:
+                 commit_interval: float) -> None:
         self.runner = runner
         self._runtime = runtime
         self._ledger: InOrder[T] = InOrder()
         self._room = asyncio.Semaphore(max_in_flight)
-        self._rounds: CommitRounds[object] = CommitRounds(runtime.commit, commit_gap)
+        self._rounds: CommitRounds[object] = CommitRounds(runtime.commit, commit_interval)
         self._deliveries: dict[asyncio.Task[None], set[Partition]] = {}  # running
 
     async def room(self) -> None:

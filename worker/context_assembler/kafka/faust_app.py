@@ -6,9 +6,10 @@ agent moves on or raises (faust-streaming #315), and with concurrency > 1 it can
 past an event still in flight (#606). So the agent reads a manual-ack stream (`noack`),
 never raises for one event (bad input is an outcome, a failed send is retried until it is
 acknowledged), and leaves acks and commits to the delivery core: in input order per
-partition, in commit rounds at most COMMIT_GAP_SECONDS apart, so a kill -9 redoes only what
-was delivered during that gap and a commit round trip (faust's 1 s timer redid up to a
-second of events, each a duplicate LLM call downstream).
+partition, in commit rounds at least the commit interval apart (ASSEMBLER_COMMIT_INTERVAL_MS,
+30 ms unless set), so a kill -9 redoes only what was delivered during that interval and a
+commit round trip (faust's 1 s timer redid up to a second of events, each a duplicate LLM
+call downstream).
 
 The events that arrived while the last batch was assembled go to the engine in one call
 (`delivery.next_batch`) and are delivered as one task, their records handed to faust's
@@ -56,11 +57,9 @@ MAX_IN_FLIGHT = 200
 # aiokafka's default: a send to a missing topic fails (and is logged) after this long,
 # where faust's default (20 minutes) would hang silently.
 REQUEST_TIMEOUT_SECONDS = 40.0
-# faust's timer commit; only a backstop now, commits follow deliveries (`Delivery`).
+# faust's timer commit; only a backstop now, commits follow deliveries (`Delivery`) at the
+# commit interval (a commit per ack cost about 15 % of the throughput on 2 cores).
 COMMIT_INTERVAL_SECONDS = 1.0
-# Commits follow deliveries at most this often: a commit per ack cost about 15 % of the
-# throughput on 2 cores; this bounds what a kill -9 redoes to rate x (gap + round trip).
-COMMIT_GAP_SECONDS = 0.03
 # False: only the timer commits, as before (bench.interval_commits measures against it).
 COMMIT_ON_DELIVERY = True
 
@@ -82,7 +81,7 @@ def _app_config(settings: Settings, runner: EventRunner, datadir: str) -> dict[s
         producer_max_batch_size=runner.batch_bytes,
         producer_linger=PRODUCER_LINGER_MS / 1000,
         producer_compression_type=settings.producer_compression,
-        broker_commit_interval=COMMIT_INTERVAL_SECONDS,
+        broker_commit_interval=max(COMMIT_INTERVAL_SECONDS, settings.commit_interval_seconds),
         # A killed replica holds its partitions until this runs out (faust's default: 60 s).
         broker_session_timeout=settings.session_timeout_seconds,
         broker_heartbeat_interval=HEARTBEAT_INTERVAL_SECONDS,  # a rebalance heard within 1 s
@@ -112,7 +111,8 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
     runtime = _FaustRuntime(app, settings)
-    delivery = app.delivery = Delivery(runner, runtime, MAX_IN_FLIGHT, COMMIT_GAP_SECONDS)
+    delivery = app.delivery = Delivery(runner, runtime, MAX_IN_FLIGHT,
+                                        settings.commit_interval_seconds)
 
     @app.agent(source, concurrency=1)
     async def assemble(stream: faust.StreamT[bytes]) -> None:

@@ -23,11 +23,13 @@ earlier ones are assembled and committed (up to MAX_EVENTS_IN_FLIGHT events read
 committed); they are assembled in order, in engine batches (`delivery.batches`); and commits
 go in rounds, one at a time (`delivery.CommitRounds`): a round takes every event assembled
 since the last one began, and commits each partition's share in one transaction, the
-partitions concurrently. So an event waits for at most the round in progress and its own,
-whatever the batch it came in; a round that started before a batch's events were assembled
-does not wait for them, nor they for a batch read after them. A read_committed reader of an
-output partition sees nothing past its earliest open transaction: rounds that never overlap
-let it see each round as soon as it commits.
+partitions concurrently. A round starts no sooner than the commit interval
+(ASSEMBLER_COMMIT_INTERVAL_MS) after the previous one started, so at low rates events share
+fewer transactions. So an event waits for at most the interval, the round in progress and
+its own, whatever the batch it came in; a round that started before a batch's events were
+assembled does not wait for them, nor they for a batch read after them. A read_committed
+reader of an output partition sees nothing past its earliest open transaction: rounds that
+never overlap let it see each round as soon as it commits.
 
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
@@ -154,7 +156,8 @@ class TransactionalWorker:
         self._batches: dict[asyncio.Task[None], int] = {}  # being assembled or committed: events
         self._engine = asyncio.Lock()  # batches are assembled one at a time, in order
         self._assembled: list[_Share] = []  # for the next round
-        self._rounds = CommitRounds(self._commit_assembled, spawn=runner.spawn)
+        self._rounds = CommitRounds(self._commit_assembled, settings.commit_interval_seconds,
+                                    spawn=runner.spawn)
         self._fenced: dict[TopicPartition, float] = {}  # still assigned, producer fenced: since
 
     def ready(self) -> bool:
@@ -381,6 +384,7 @@ class TransactionalWorker:
                             joined.exception()  # the records' failure is the one raised
                         raise
                     await joined
+            self.runner.metrics.transactions.inc()
         except (KafkaError, _Undelivered) as error:
             if _fenced(error):
                 await self._drop_fenced(partition)

@@ -58,6 +58,11 @@ class Metrics:
             f"{prefix}_delivery_retries_total", "Produce attempts that failed and were retried.",
             registry=self.registry,
         )
+        self.transactions = Counter(
+            f"{prefix}_transactions_total",
+            "Transactions committed (exactly_once): one per input partition per commit round.",
+            registry=self.registry,
+        )
         self.assigned = Gauge(
             f"{prefix}_assigned_partitions", "Input partitions assigned to this worker.",
             registry=self.registry,
