@@ -96,6 +96,8 @@ bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline; cost 
 
 bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a real broker
 	$(BIN)/python -m bench.kafka_bench
+	$(BIN)/python -m bench.kafka_bench --workload corpus --rss-events 0 --codec-rounds 0 \
+		--json $(OUT)/kafka-bench-corpus.json
 
 # `make chaos CHAOS=long`: >= 20,000 events and 20 faults per guarantee (about 20 minutes).
 CHAOS ?= short

@@ -1,7 +1,7 @@
 """A deterministic corpus for benchmarks: English-like prose, documents, near-duplicates.
 
-Chunks of 250-450 words from a Zipf-weighted vocabulary of 3,000 words (about 560 tokens
-and 4.3 bytes per token each), full metadata, scores descending, and about 10 %
+Chunks of 250-450 words (by default) from a Zipf-weighted vocabulary of 3,000 words (about
+560 tokens and 4.3 bytes per token each), full metadata, scores descending, and about 10 %
 near-duplicates (an earlier chunk's body under another document's title). Shared by the
 engine and the Kafka benchmarks, so both measure the same events.
 """
@@ -94,8 +94,10 @@ class Passage:
 class Corpus:
     """Deterministic generator of documents, passages, near-duplicates and questions."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, passage_words: tuple[int, int] = (250, 450)) -> None:
+        """`passage_words`: the least and most words of a passage's prose."""
         self.rng = random.Random(seed)
+        self.passage_words = passage_words
         self.vocabulary = self._vocabulary()
         # Zipf-Mandelbrot weights: rank r has weight 1 / (r + 2.7).
         self.cum_weights = list(
@@ -178,7 +180,7 @@ class Corpus:
 
     def passage(self, documents: Sequence[Document]) -> Passage:
         section = self._phrase(1, 3)
-        body = f"{section}\n\n{self.prose(self.rng.randint(250, 450))}"
+        body = f"{section}\n\n{self.prose(self.rng.randint(*self.passage_words))}"
         return Passage(self._chunk_id(), self.rng.choice(documents), section, body)
 
     def copy_of(self, original: Passage, documents: Sequence[Document]) -> Passage:

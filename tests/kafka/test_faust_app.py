@@ -32,7 +32,7 @@ from context_assembler.kafka.faust_app import (
     build_app,
     seconds,
 )
-from context_assembler.kafka.runner import EventRunner
+from context_assembler.kafka.runner import ENGINE_BATCH, EventRunner
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
 from tests.kafka.test_records import STAMPS
@@ -147,6 +147,33 @@ def test_every_faust_method_the_adapter_overrides_is_checked() -> None:
             if callable(value) and hasattr(faust_base, name) and not name.startswith("__"):
                 assert any((owner, name) in checked for owner in faust_base.__mro__), (
                     f"{subclass.__name__}.{name} overrides faust: add it to FAUST_INTERNALS")
+
+
+def test_faust_stops_fetching_a_partition_two_engine_batches_ahead_of_the_agent(
+    tmp_path: Path,
+) -> None:
+    """faust's default buffer (4,096 events) fetched a whole backlog ahead of the agent: up
+    to 4 GB of 1 MiB events. A partition's fetching pauses when the agent's input queue is
+    under pressure, and resumes once it drained."""
+    config = Settings(bootstrap_servers="127.0.0.1:1")
+    app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
+                    str(tmp_path))
+    queue = next(iter(app.agents.values())).channel.queue
+    paused: list[int] = []  # the queue's size when fetching paused
+    resumed: list[int] = []
+
+    def pause() -> None:
+        paused.append(queue.qsize())
+
+    def resume() -> None:
+        resumed.append(queue.qsize())
+
+    while not paused and queue.qsize() <= 2 * ENGINE_BATCH:
+        queue.put_nowait_enhanced(object(), on_pressure_high=pause, on_pressure_drop=resume)
+    assert paused and paused[0] <= 2 * ENGINE_BATCH
+    while not resumed:
+        queue.get_nowait()  # as the agent reads
+    assert resumed[0] >= ENGINE_BATCH // 2  # still events to read meanwhile
 
 
 def test_a_worker_joining_a_balanced_group_gets_partitions(tmp_path: Path) -> None:

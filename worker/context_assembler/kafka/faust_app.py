@@ -44,7 +44,7 @@ from context_assembler.kafka.connection import kafka_security
 from context_assembler.kafka.delivery import Delivery, next_batch
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from context_assembler.kafka.records import Origin, OutRecord, value_of
-from context_assembler.kafka.runner import PRODUCER_LINGER_MS, EventRunner
+from context_assembler.kafka.runner import ENGINE_BATCH, PRODUCER_LINGER_MS, EventRunner
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 SERVICE_LOG = logging.getLogger("faust.services")
 
 MAX_IN_FLIGHT = 200
+# Events faust reads ahead of the agent, at most (its default, 4,096, fetched a 3,000-event
+# backlog of 53 KB events whole, 160 MB, before the first was assembled): a partition's
+# fetching pauses at 4/5 of this and resumes at 2/5, two engine batches ahead.
+STREAM_BUFFER_EVENTS = 2 * ENGINE_BATCH
 # aiokafka's default: a send to a missing topic fails (and is logged) after this long,
 # where faust's default (20 minutes) would hang silently.
 REQUEST_TIMEOUT_SECONDS = 40.0
@@ -98,6 +102,7 @@ def _app_config(settings: Settings, runner: EventRunner, datadir: str) -> dict[s
         # acked, with no bound, and sends failing never end: the delivery core waits instead
         # (`Delivery.revoke`, `Delivery.stop`), bounded, for what the hand-over needs.
         stream_wait_empty=False,
+        stream_buffer_maxsize=STREAM_BUFFER_EVENTS,
         autodiscover=False,
         datadir=datadir,
     )
