@@ -149,7 +149,7 @@ def test_every_faust_method_the_adapter_overrides_is_checked() -> None:
                     f"{subclass.__name__}.{name} overrides faust: add it to FAUST_INTERNALS")
 
 
-def test_faust_stops_fetching_a_partition_two_engine_batches_ahead_of_the_agent(
+def test_faust_stops_fetching_a_partition_eight_engine_batches_ahead_of_the_agent(
     tmp_path: Path,
 ) -> None:
     """faust's default buffer (4,096 events) fetched a whole backlog ahead of the agent: up
@@ -168,9 +168,9 @@ def test_faust_stops_fetching_a_partition_two_engine_batches_ahead_of_the_agent(
     def resume() -> None:
         resumed.append(queue.qsize())
 
-    while not paused and queue.qsize() <= 2 * ENGINE_BATCH:
+    while not paused and queue.qsize() <= 8 * ENGINE_BATCH:
         queue.put_nowait_enhanced(object(), on_pressure_high=pause, on_pressure_drop=resume)
-    assert paused and paused[0] <= 2 * ENGINE_BATCH
+    assert paused and paused[0] <= 8 * ENGINE_BATCH
     while not resumed:
         queue.get_nowait()  # as the agent reads
     assert resumed[0] >= ENGINE_BATCH // 2  # still events to read meanwhile
