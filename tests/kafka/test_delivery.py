@@ -270,19 +270,19 @@ class TimedCommit:
 async def test_rounds_start_at_least_the_interval_apart_and_requests_in_between_share_one(
 ) -> None:
     commit = TimedCommit()
-    rounds = CommitRounds(commit, interval=0.2)
+    rounds = CommitRounds(commit, interval=1.0)  # long: a busy machine cannot blur it
     first = rounds.request()
     await asyncio.sleep(0)
     assert len(commit.starts) == 1  # the first round does not wait
-    assert await asyncio.wait_for(first, 1) == 1
+    assert await asyncio.wait_for(first, 5) == 1
     waiting = []
     for _ in range(4):  # within the interval: all in the next round
         waiting.append(rounds.request())
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0)
     assert all(request is waiting[0] for request in waiting) and len(commit.starts) == 1
-    assert await asyncio.wait_for(waiting[0], 1) == 2
-    assert commit.starts[1] - commit.starts[0] >= 0.199  # the loop's clock, to its resolution
-    await asyncio.sleep(0.25)  # idle past the interval: the next round starts at once
+    assert await asyncio.wait_for(waiting[0], 5) == 2
+    assert commit.starts[1] - commit.starts[0] >= 0.999  # the loop's clock, to its resolution
+    await asyncio.sleep(1.05)  # idle past the interval: the next round starts at once
     rounds.request()
     await asyncio.sleep(0)
     assert len(commit.starts) == 3
