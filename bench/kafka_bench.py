@@ -260,6 +260,11 @@ async def run_backlog(broker: Broker, contender: Contender, events: list[tuple[b
     return Backlog(topics, procs, throughput, cpu_ms, engine_ms)
 
 
+def p99(latencies: list[float]) -> float:
+    """The 99th percentile of `latencies`, sorted as `latency` returns them."""
+    return latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+
+
 async def run_round(broker: Broker, contender: Contender, events: list[tuple[bytes, bytes]],
                     args: argparse.Namespace, logs: Path) -> Result:
     backlog = await run_backlog(broker, contender, events, logs)
@@ -272,7 +277,7 @@ async def run_round(broker: Broker, contender: Contender, events: list[tuple[byt
             proc.stop()
     return Result(contender.name, throughput, backlog.cpu_ms_per_event,
                   backlog.engine_ms_per_event, rate, statistics.median(latencies),
-                  latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))])
+                  p99(latencies))
 
 
 @dataclass
@@ -466,7 +471,7 @@ async def at_rate(broker: Broker, contender: Contender, events: list[tuple[bytes
         for proc in procs:
             proc.stop()
     return AtRate(rate, statistics.median(latencies),
-                  latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+                  p99(latencies),
                   cpu * 1000 / len(latencies), count / seconds)
 
 
