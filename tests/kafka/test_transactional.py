@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import KafkaConnectionError, ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
 from context_assembler.engine.policy import Policy
@@ -41,11 +41,12 @@ class FakeProducer:
         self.committed: list[dict[TopicPartition, int]] = []
         self.aborted = 0
         self.sent = 0
-        self._txn_manager = self  # aiokafka's: its sender died on an error it did not retry
-        self.fatal = False
+        self._sender = self  # aiokafka's sender: its task ends on an error it does not retry
+        self.sender_task: asyncio.Future[None] | None = None
 
-    def is_fatal_error(self) -> bool:
-        return self.fatal
+    def die(self, error: BaseException) -> None:
+        self.sender_task = asyncio.get_running_loop().create_future()
+        self.sender_task.set_exception(error)
 
     async def start(self) -> None:
         await asyncio.sleep(0.01)  # InitProducerId: a round trip
@@ -59,7 +60,7 @@ class FakeProducer:
         return self
 
     async def __aenter__(self) -> None:
-        assert not self.fatal, "Invalid state transition FATAL_ERROR -> IN_TRANSACTION"
+        assert self.sender_task is None, "Invalid state transition FATAL_ERROR -> IN_TRANSACTION"
         return None
 
     async def __aexit__(self, kind: object, error: object, trace: object) -> None:
@@ -325,15 +326,38 @@ async def test_a_fenced_partition_assigned_elsewhere_since_is_forgotten(rig: Rig
     assert not rig.worker._fenced and len(rig.producers) == 1
 
 
-async def test_a_producer_whose_sender_died_is_replaced_before_the_next_transaction(
+async def test_a_producer_whose_sender_died_is_replaced_and_its_partition_read_again(
     rig: Rig,
 ) -> None:
     """A broker restart can end aiokafka's sender mid-lookup: its producer then refuses every
-    transaction, by assertion, and the worker crashed on it."""
+    transaction, by assertion. Its replacement's new epoch fences whoever took the partition
+    meanwhile, unheard of by a worker paused past its session: what was read before the
+    replacement is read again from the offset committed, never committed over theirs."""
     await rig.assign(TP0)
     dead = rig.producer(TP0)
-    dead.fatal = True
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 2)}))
-    assert dead.stopped and rig.producer(TP0) is not dead
-    assert rig.producer(TP0).committed == [{TP0: 9}]
+    dead.die(KafkaConnectionError("lost while looking the coordinator up"))
+    stale = rig.worker._claim({TP0: records(TP0, 7, 2)})
+    rig.consumer._committed[TP0] = 8  # the other owner committed offset 7's event meanwhile
+    rig.journal.clear()
+    await rig.worker._batch(stale)
+    renewed = rig.producer(TP0)
+    assert rig.journal == [("stopped", dead.id), ("started", renewed.id), ("committed", "0")]
+    assert renewed.committed == [] and renewed.sent == 0 and rig.in_flight() == 0
+    assert rig.consumer.positions[TP0] == 8
+    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 8, 1)}))
+    assert renewed.committed == [{TP0: 9}]
 
+
+async def test_a_producer_fenced_while_idle_drops_its_partition_without_fencing_back(
+    rig: Rig,
+) -> None:
+    """aiokafka's sender also ends when it hears of the fence between transactions: the
+    partition moved, so the worker lets it go rather than start a producer that would fence
+    the new owner in turn."""
+    await rig.assign(TP0, TP1)
+    fenced = rig.producer(TP0)
+    fenced.die(ProducerFenced())
+    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 2)}))
+    assert rig.producer(TP0) is fenced and fenced.stopped and fenced.sent == 0
+    assert rig.worker.assignment.partitions == {TP1} and rig.consumer.paused == {TP0}
+    assert rig.in_flight() == 0

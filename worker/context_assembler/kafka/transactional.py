@@ -16,7 +16,11 @@ group id), the same on every replica. Whoever is assigned a partition starts its
 first (InitProducerId fences the previous owner's producer and aborts its open transaction)
 and only then reads the committed offset and consumes from there. A producer fenced means
 its partition moved: that partition's events in flight here are dropped unacknowledged, for
-the next owner to redo, and the worker goes on with its other partitions.
+the next owner to redo, and the worker goes on with its other partitions. A producer replaced
+for any other reason (its sender died, a batch was refused) is a new epoch too, which fences
+whoever took the partition meanwhile if this worker is the zombie: so the partition is then
+read again from its committed offset, as when it was assigned, and what was read before is
+never committed on top of what the other owner committed.
 
 Three stages overlap: reading, assembling and committing. Batches are read ahead while
 earlier ones are assembled and committed (up to MAX_EVENTS_IN_FLIGHT events read and not yet
@@ -359,12 +363,24 @@ class TransactionalWorker:
         self._settle([s for s in shares if s not in fresh], _Dropped())
         if not fresh:
             return
+        died = _sender_error(partition.producer)
+        if died is not None:
+            # Fenced while idle, or the connection lost as it looked a coordinator up. These
+            # shares were read before: the partition's next owner, or this worker once it
+            # replaced the producer (`_renew_producer`), reads them again.
+            self._settle(fresh, _Dropped())
+            if _fenced(died):
+                await self._drop_fenced(partition)
+            else:
+                log.warning("the producer of %s stopped on %r, which it does not retry: "
+                            "replacing it, and reading %s again from its committed offset",
+                            tp, died, tp)
+                await self._renew_producer(partition)
+            return
         events = [event for share in fresh for event in share.events]
         try:
             with self.runner.settling() as origins:  # acknowledged once committed
                 origins.extend(origin for _, origin, _ in events)
-                if _sender_failed(partition.producer):
-                    await self._renew_producer(partition)
                 producer = partition.producer
                 offset = fresh[-1].claim.records[-1].offset + 1
                 async with producer.transaction():
@@ -389,10 +405,12 @@ class TransactionalWorker:
             if _fenced(error):
                 await self._drop_fenced(partition)
                 return
-            # The transaction was aborted: rewind to what was committed and try again.
+            # The transaction was aborted: read again from what was committed and try again.
             self.healthy = False
-            await self._failed(partition, error)
-            await self._rewind(partition)
+            if await self._failed(partition, error):
+                await self._renew_producer(partition)  # which reads again too
+            else:
+                await self._rewind(partition)
             return
         if partition.attempts is not None:
             partition.attempts.close()
@@ -455,8 +473,9 @@ class TransactionalWorker:
             future.set_exception(error)
         return future
 
-    async def _failed(self, partition: _Partition, error: Exception) -> None:
-        """Learn from records refused as too large and replay at once, or back off."""
+    async def _failed(self, partition: _Partition, error: Exception) -> bool:
+        """Learn from records refused as too large and replay at once, or back off. True if
+        the partition needs a new producer."""
         failures = error.failures if isinstance(error, _Undelivered) else [(None, error)]
         refused = [record for record, cause in failures if record and too_large(cause)]
         if refused and partition.batch_bytes > 1:
@@ -465,18 +484,15 @@ class TransactionalWorker:
             log.warning("records refused as too large; replaying %s's events, one record per "
                         "producer batch", partition.tp)
             partition.batch_bytes = 1
-            await self._renew_producer(partition)
-            return
+            return True
         learned = [self.runner.learn(record) for record in refused]  # each, no short cut
         broken = [c for _, c in failures if isinstance(c, OutOfOrderSequenceNumber)]
-        if refused or broken:
-            await self._renew_producer(partition)
         # Sends after a refused one on its partition fail out of order: consequences only.
         others = [(r, c) for r, c in failures if r not in refused and not (refused and c in broken)]
         if learned and all(learned) and not others:
             log.warning("transaction aborted, replaying %s's events with smaller records",
                         partition.tp)
-            return
+            return True
         # A refusal an ACL would lift is the cause; the sends after it in the transaction
         # only fail with InvalidTxnState.
         candidates = others or failures
@@ -485,16 +501,23 @@ class TransactionalWorker:
             partition.attempts = Attempts(self.runner, f"transaction of {partition.tp}")
         await partition.attempts.failed(
             cause, f"transaction of {partition.tp} (produce to {record.topic})" if record else None)
+        return bool(refused or broken)
 
     async def _renew_producer(self, partition: _Partition) -> None:
         """A new epoch for the partition's transactional id: idempotence sequences start
-        afresh. Not for a partition given up meanwhile: that would fence its new owner."""
+        afresh. Not for a partition given up meanwhile: that would fence its new owner.
+
+        The new epoch fences whoever else holds the id, and this worker may be a zombie that
+        lost the partition without hearing of it yet. So, as when a partition is assigned,
+        it is then read again from the offset committed (`_rewind`), and nothing read before
+        is committed on top of what the other owner committed meanwhile."""
         await self._close(partition)
         if self.held.get(partition.tp) is not partition:
             return
         partition.producer = self._new_producer(partition.tp, partition.batch_bytes)
         await self.runner.retry_forever(f"start the producer of {partition.tp}",
                                         partition.producer.start)
+        await self._rewind(partition)
 
     async def _rewind(self, partition: _Partition) -> None:
         """Read the partition again from its committed offset; what was read past it before
@@ -524,11 +547,14 @@ class TransactionalWorker:
         return result
 
 
-def _sender_failed(producer: AIOKafkaProducer) -> bool:
-    """aiokafka's sender stopped on an error it does not retry (the connection lost while it
-    looked a coordinator up, as a broker restarts): the producer then refuses every
-    transaction, by assertion, so it is replaced."""
-    return bool(producer._txn_manager.is_fatal_error())
+def _sender_error(producer: AIOKafkaProducer) -> BaseException | None:
+    """What stopped aiokafka's sender, if it stopped: an error it does not retry, such as the
+    producer fenced or the connection lost while it looked a coordinator up. The producer then
+    refuses every transaction, by assertion."""
+    task: asyncio.Task[None] | None = producer._sender.sender_task
+    if task is None or not task.done() or task.cancelled():
+        return None
+    return task.exception()
 
 
 def _fenced(error: BaseException) -> bool:
