@@ -100,9 +100,12 @@ bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a re
 		--json $(OUT)/kafka-bench-corpus.json
 
 # `make chaos CHAOS=long`: >= 20,000 events and 20 faults per guarantee (about 20 minutes).
+# Then exactly_once again with commits 50 ms apart: the interval's own code path under faults.
 CHAOS ?= short
 chaos: $(BIN)/context-assembler  ## faults on a 3-node cluster: out/chaos/report.json, timeline.png
 	$(BIN)/python -m bench.chaos $(if $(filter long,$(CHAOS)),--long) --out $(OUT)/chaos
+	$(BIN)/python -m bench.chaos $(if $(filter long,$(CHAOS)),--long) --guarantees exactly_once \
+		--worker-env ASSEMBLER_COMMIT_INTERVAL_MS=50 --out $(OUT)/chaos-interval
 
 broker-start: $(BIN)/context-assembler  ## a local Kafka broker and the worker's topics; prints host:port
 	@if bash scripts/kafka.sh bootstrap $(KAFKA_DIR) >/dev/null 2>&1; then \

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
@@ -361,3 +361,10 @@ async def test_a_producer_fenced_while_idle_drops_its_partition_without_fencing_
     assert rig.producer(TP0) is fenced and fenced.stopped and fenced.sent == 0
     assert rig.worker.assignment.partitions == {TP1} and rig.consumer.paused == {TP0}
     assert rig.in_flight() == 0
+
+
+async def test_what_a_dead_sender_is_read_from_is_on_aiokafkas_producer() -> None:
+    """`_sender_error` reads aiokafka's private sender task: an upgrade that moves it fails
+    here first, rather than on every transaction."""
+    producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")  # not started
+    assert transactional._sender_error(producer) is None
