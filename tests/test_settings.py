@@ -143,7 +143,7 @@ def test_the_commit_interval_defaults_by_guarantee_and_is_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert Settings().commit_interval_seconds == 0.03  # at_least_once
-    assert Settings(processing_guarantee="exactly_once").commit_interval_seconds == 0
+    assert Settings(processing_guarantee="exactly_once").commit_interval_seconds == 0.05
     monkeypatch.setenv("ASSEMBLER_COMMIT_INTERVAL_MS", "")  # empty: unset
     assert load_settings().commit_interval_ms is None
     monkeypatch.setenv("ASSEMBLER_COMMIT_INTERVAL_MS", "0")  # given: whatever the guarantee
