@@ -100,7 +100,8 @@ bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a re
 		--json $(OUT)/kafka-bench-corpus.json
 
 # `make chaos CHAOS=long`: >= 20,000 events and 20 faults per guarantee (about 20 minutes).
-# Then exactly_once again with rounds of commits back to back (its default spaces them 50 ms).
+# Then exactly_once again with rounds of commits back to back (its default spaces them 50 ms):
+# a few minutes more, about 12 in the long profile.
 CHAOS ?= short
 chaos: $(BIN)/context-assembler  ## faults on a 3-node cluster: out/chaos/report.json, timeline.png
 	$(BIN)/python -m bench.chaos $(if $(filter long,$(CHAOS)),--long) --out $(OUT)/chaos

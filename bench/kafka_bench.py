@@ -324,14 +324,12 @@ def _file_mode_cpu(events: list[tuple[bytes, bytes]]) -> float:
     return time.process_time() - started
 
 
-def engine_marginal_ms(events: list[tuple[bytes, bytes]], passes: int = 3) -> float:
+def engine_marginal_ms(events: list[tuple[bytes, bytes]]) -> float:
     """The engine's marginal CPU ms per event on the worker's own events: the file mode over
     all of them minus over the first fifth, per event in between (what a run costs whatever
-    its length cancels out); the median of `passes`, alternating the two runs."""
+    its length cancels out). Taken once a round; the floor's verdict is the rounds' median."""
     head = events[: len(events) // 5]
-    margins = [(_file_mode_cpu(events) - _file_mode_cpu(head)) * 1000 / (len(events) - len(head))
-               for _ in range(passes)]
-    return statistics.median(margins)
+    return (_file_mode_cpu(events) - _file_mode_cpu(head)) * 1000 / (len(events) - len(head))
 
 
 def floor_ratios(cpu: dict[str, list[float]], engine_ms: list[float]) -> dict[str, Any]:
@@ -352,8 +350,10 @@ def floor_ratios(cpu: dict[str, list[float]], engine_ms: list[float]) -> dict[st
 def latency_ratio(results: dict[str, list[Result]], name: str) -> dict[str, Any] | None:
     """`name`'s p99 against raw aiokafka's in the same round, the median of the rounds, when
     both were fed at one rate in every round (--rate below both throughputs), else None."""
-    pairs = list(zip(results.get(name, []), results[LADDER[0].name], strict=False))
-    if not pairs or any(w.latency_rate != r.latency_rate for w, r in pairs):
+    if not results.get(name):
+        return None
+    pairs = list(zip(results[name], results[LADDER[0].name], strict=True))  # round by round
+    if any(w.latency_rate != r.latency_rate for w, r in pairs):
         return None
     return {"rate": statistics.median(w.latency_rate for w, _ in pairs),
             "ratio": statistics.median(w.p99_ms / r.p99_ms for w, r in pairs)}
@@ -611,7 +611,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             raw = results[LADDER[0].name][-1].events_per_second
             for name, rs in results.items():
                 shares[name].append(rs[-1].events_per_second / raw)
-            engine_ms.append(engine_marginal_ms(events, passes=1))
+            engine_ms.append(engine_marginal_ms(events))
             print(f"round {round_ + 1} {'engine':>17}: {engine_ms[-1]:5.2f} CPU ms/event "
                   "(file mode, marginal)", flush=True)
         rss = []
