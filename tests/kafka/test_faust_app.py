@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import faust
 import pytest
@@ -15,6 +15,7 @@ from faust.assignor.client_assignment import CopartitionedAssignment
 from faust.assignor.copartitioned_assignor import CopartitionedAssignor
 from faust.tables import TableManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,6 +113,10 @@ FAUST_INTERNALS = [
     (faust_aiokafka.Consumer, "on_partitions_revoked"),
     (faust_aiokafka.Consumer, "_new_consumer_thread"),
     (faust_aiokafka.Consumer, "maybe_wait_for_commit_to_finish"),
+    (faust_aiokafka.Consumer, "wait_first"),
+    (faust_aiokafka.Consumer, "on_buffer_full"),
+    (faust_aiokafka.Consumer, "_set_active_tps"),
+    (faust_aiokafka.Consumer, "_get_active_partitions"),
     (faust_aiokafka.AIOKafkaConsumerThread, "on_thread_stop"),
     (faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records"),
     (faust_aiokafka.Transport, "Consumer"),
@@ -149,31 +154,126 @@ def test_every_faust_method_the_adapter_overrides_is_checked() -> None:
                     f"{subclass.__name__}.{name} overrides faust: add it to FAUST_INTERNALS")
 
 
-def test_faust_stops_fetching_a_partition_eight_engine_batches_ahead_of_the_agent(
+def test_faust_hands_each_message_over_in_the_form_the_consumer_races() -> None:
+    """`_Consumer.wait_first` recognises the fetcher's hand-over by this call."""
+    drain = inspect.getsource(faust_aiokafka.Consumer._drain_messages)
+    assert "self.wait_first(\n" in drain and "callback(message), self.suspend_flow.wait()" in drain
+
+
+@pytest.fixture
+async def consumer(tmp_path: Path) -> _Consumer:
+    """faust's consumer, made on the test's event loop as the worker makes it on its own."""
+    config = Settings(bootstrap_servers="127.0.0.1:1")
+    app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
+                    str(tmp_path))
+    return cast(_Consumer, app.consumer)
+
+
+def other_tasks() -> set[asyncio.Task[Any]]:
+    return asyncio.all_tasks() - {asyncio.current_task()}
+
+
+async def test_a_hand_over_that_finds_room_ends_at_once_with_no_task(consumer: _Consumer) -> None:
+    handed: list[str] = []
+
+    async def hand_over(message: str) -> str:
+        handed.append(message)
+        return "put"
+
+    before = other_tasks()
+    suspended = consumer.suspend_flow.wait()
+    done = await consumer.wait_first(hand_over("m1"), suspended)
+    assert handed == ["m1"] and done.results == ["put"] and not done.stopped
+    assert other_tasks() == before  # none started, none left behind
+    assert inspect.getcoroutinestate(suspended) == inspect.CORO_CLOSED  # never "not awaited"
+
+
+async def test_a_hand_over_that_waits_goes_on_when_room_is_made(consumer: _Consumer) -> None:
+    room = asyncio.get_running_loop().create_future()
+    steps: list[object] = []
+
+    async def hand_over() -> str:
+        steps.append("full")
+        steps.append(await room)
+        await asyncio.sleep(0)  # a bare yield, as asyncio.sleep(0) makes, passes through too
+        return "put"
+
+    waiting = asyncio.create_task(consumer.wait_first(hand_over(), consumer.suspend_flow.wait()))
+    await asyncio.sleep(0.01)
+    assert steps == ["full"] and not waiting.done()
+    room.set_result("room")
+    done = await asyncio.wait_for(waiting, 1)
+    assert steps == ["full", "room"] and done.results == ["put"]
+
+
+async def test_a_hand_over_that_waits_is_cancelled_when_the_flow_is_suspended(
+    consumer: _Consumer,
+) -> None:
+    """As faust's own race: a rebalance does not wait behind a stream that is full."""
+    seen: list[str] = []
+
+    async def hand_over() -> None:
+        try:
+            await asyncio.get_running_loop().create_future()  # a full stream, for good
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    waiting = asyncio.create_task(consumer.wait_first(hand_over(), consumer.suspend_flow.wait()))
+    await asyncio.sleep(0.01)
+    consumer.suspend_flow.set()
+    done = await asyncio.wait_for(waiting, 1)
+    await asyncio.sleep(0.01)
+    assert done.results == [True] and seen == ["cancelled"]
+
+
+@pytest.mark.parametrize("waits_first", [False, True], ids=["at once", "after waiting"])
+async def test_a_hand_over_that_fails_raises_its_error(consumer: _Consumer,
+                                                       waits_first: bool) -> None:
+    async def hand_over() -> None:
+        if waits_first:
+            await asyncio.sleep(0.001)
+        raise KeyError("no callback for the partition")
+
+    suspended = consumer.suspend_flow.wait()
+    with pytest.raises(KeyError):
+        await consumer.wait_first(hand_over(), suspended)
+    await asyncio.sleep(0.01)  # faust's race cancels its task for the wait
+    assert inspect.getcoroutinestate(suspended) == inspect.CORO_CLOSED
+
+
+async def test_other_waits_are_faust_s_own(consumer: _Consumer) -> None:
+    async def answer() -> int:
+        return 42
+
+    done = await consumer.wait_first(answer(), timeout=1)
+    assert done.results == [42]
+
+
+def test_the_stream_holds_eight_engine_batches_and_a_full_one_pauses_no_fetching(
     tmp_path: Path,
 ) -> None:
     """faust's default buffer (4,096 events) fetched a whole backlog ahead of the agent: up
-    to 4 GB of 1 MiB events. A partition's fetching pauses when the agent's input queue is
-    under pressure, and resumes once it drained."""
+    to 4 GB of 1 MiB events. The agent's stream holds eight engine batches, and a message
+    handed over to a full stream waits for room. faust would also stop fetching every
+    partition whose messages met a stream 4/5 full, then nap a second at a time with all of
+    them stopped: the partitions stay fetched."""
     config = Settings(bootstrap_servers="127.0.0.1:1")
     app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
                     str(tmp_path))
     queue = next(iter(app.agents.values())).channel.queue
-    paused: list[int] = []  # the queue's size when fetching paused
-    resumed: list[int] = []
-
-    def pause() -> None:
-        paused.append(queue.qsize())
-
-    def resume() -> None:
-        resumed.append(queue.qsize())
-
-    while not paused and queue.qsize() <= 8 * ENGINE_BATCH:
-        queue.put_nowait_enhanced(object(), on_pressure_high=pause, on_pressure_drop=resume)
-    assert paused and paused[0] <= 8 * ENGINE_BATCH
-    while not resumed:
-        queue.get_nowait()  # as the agent reads
-    assert resumed[0] >= ENGINE_BATCH // 2  # still events to read meanwhile
+    assert queue.maxsize == 8 * ENGINE_BATCH
+    consumer = cast(_Consumer, app.consumer)
+    partitions = {TP(config.input_topic, partition) for partition in range(3)}
+    consumer._set_active_tps(partitions)
+    pressed: list[TP] = []
+    while not queue.full():
+        tp = TP(config.input_topic, queue.qsize() % 3)
+        if queue.put_nowait_enhanced(object(), on_pressure_high=lambda tp=tp: pressed.append(tp),
+                                     on_pressure_drop=lambda: None):
+            consumer.on_buffer_full(tp)  # as faust's conductor reports the pressure
+    assert pressed  # the pressure was reported
+    assert consumer._get_active_partitions() == partitions
 
 
 def test_a_worker_joining_a_balanced_group_gets_partitions(tmp_path: Path) -> None:
