@@ -44,6 +44,13 @@ def faust_send_ms(timestamp: float | None) -> float | None:
     return int(timestamp * 1000.0) if timestamp else timestamp
 
 
+def app_on(datadir: Path) -> _App:
+    """The at_least_once app, as the worker builds it, for a broker never reached."""
+    config = Settings(bootstrap_servers="127.0.0.1:1")
+    return build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
+                     str(datadir))
+
+
 def test_outputs_get_the_inputs_timestamp_to_the_millisecond() -> None:
     for ms in STAMPS:
         sent = faust_send_ms(seconds(ms))
@@ -163,9 +170,7 @@ def test_faust_hands_each_message_over_in_the_form_the_consumer_races() -> None:
 @pytest.fixture
 async def consumer(tmp_path: Path) -> _Consumer:
     """faust's consumer, made on the test's event loop as the worker makes it on its own."""
-    config = Settings(bootstrap_servers="127.0.0.1:1")
-    app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
-                    str(tmp_path))
+    app = app_on(tmp_path)
     return cast(_Consumer, app.consumer)
 
 
@@ -258,20 +263,19 @@ def test_the_stream_holds_eight_engine_batches_and_a_full_one_pauses_no_fetching
     handed over to a full stream waits for room. faust would also stop fetching every
     partition whose messages met a stream 4/5 full, then nap a second at a time with all of
     them stopped: the partitions stay fetched."""
-    config = Settings(bootstrap_servers="127.0.0.1:1")
-    app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
-                    str(tmp_path))
+    app = app_on(tmp_path)
     queue = next(iter(app.agents.values())).channel.queue
     assert queue.maxsize == 8 * ENGINE_BATCH
     consumer = cast(_Consumer, app.consumer)
-    partitions = {TP(config.input_topic, partition) for partition in range(3)}
+    partitions = {TP("in", partition) for partition in range(3)}
     consumer._set_active_tps(partitions)
-    pressed: list[TP] = []
+    pressed = 0
     while not queue.full():
-        tp = TP(config.input_topic, queue.qsize() % 3)
-        if queue.put_nowait_enhanced(object(), on_pressure_high=lambda tp=tp: pressed.append(tp),
-                                     on_pressure_drop=lambda: None):
-            consumer.on_buffer_full(tp)  # as faust's conductor reports the pressure
+        tp = TP("in", queue.qsize() % 3)
+        # As faust's conductor hands a message over: the pressure goes to the consumer.
+        pressed += queue.put_nowait_enhanced(
+            object(), on_pressure_high=lambda tp=tp: consumer.on_buffer_full(tp),
+            on_pressure_drop=lambda: None)
     assert pressed  # the pressure was reported
     assert consumer._get_active_partitions() == partitions
 
@@ -280,9 +284,7 @@ def test_a_worker_joining_a_balanced_group_gets_partitions(tmp_path: Path) -> No
     """faust's assignor is sticky: a member keeps what it holds up to a capacity, which with
     standby replicas (faust's default: 1) is ceil(partitions / members). A 4th worker joining
     3 that held 2 of 6 partitions each got none, for as long as the group stayed so."""
-    config = Settings(bootstrap_servers="127.0.0.1:1")
-    app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
-                    str(tmp_path))
+    app = app_on(tmp_path)
     replicas = app.assignor.replicas
 
     @settings(max_examples=100, deadline=None)
@@ -308,9 +310,7 @@ async def test_the_table_manager_starts_recovery_without_faust_s_one_second_nap(
 ) -> None:
     """faust's TableManager sleeps a second before starting recovery; a restarted replica's
     partitions waited that out. This app has no tables, so its manager goes straight on."""
-    config = Settings(bootstrap_servers="127.0.0.1:1")
-    app = build_app(config, EventRunner(config, PolicyRegistry(Policy()), Metrics()),
-                    str(tmp_path))
+    app = app_on(tmp_path)
     manager: Any = app.tables
     assert len(manager) == 0
     steps: list[str] = []

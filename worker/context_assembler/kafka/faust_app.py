@@ -267,7 +267,8 @@ class _Consumer(faust_aiokafka.Consumer):
         handed over to a full stream waits for room (and that wait ends on a rebalance, as
         `wait_first` races it). Stopped by pressure, the fetcher napped a second at a time
         while the agent drained its 512 events in a third of it: on backlogs of 17 and 53 KB
-        events the worker read 590-720 events a second, and 1,150-1,380 without the naps."""
+        events the worker read 590-720 events a second, and 1,150-1,380 with fetching going
+        on (and hand-overs run in place)."""
 
     # faust-streaming 0.15.3's fetcher hands each message to the conductor as
     # `self.wait_first(callback(message), self.suspend_flow.wait())`, its one call here.
@@ -288,7 +289,7 @@ class _Consumer(faust_aiokafka.Consumer):
         except BaseException:
             suspended.close()
             raise
-        rest = asyncio.ensure_future(_resumed(handing, awaited))
+        rest = asyncio.ensure_future(_Resumed(handing, awaited))
         return await super().wait_first(rest, suspended)
 
     def _is_hand_over(self, coros: tuple[Any, ...], timeout: Any) -> bool:
@@ -333,11 +334,6 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
                 runner.cannot_decode(error)
         await asyncio.sleep(timeout or 0)  # faust asks again at once
         return {}
-
-
-async def _resumed(coroutine: Coroutine[Any, Any, T], awaited: object) -> T:
-    """`coroutine` run on from where it awaited `awaited`, as a task runs a coroutine."""
-    return await _Resumed(coroutine, awaited)
 
 
 class _Resumed(Generic[T]):
