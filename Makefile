@@ -80,7 +80,7 @@ $(KUBECONFORM):
 # The Helm chart: `helm lint --strict` with each guarantee, then kubeconform over what `helm
 # template` renders with each set of values in tests/deploy/helm.py, then the test comparing
 # those renders with kustomize's, object by object. Helm is built at the pinned version from
-# the Go module proxy into .tools/ (a few minutes and about 2 GB of memory the first time).
+# the Go module proxy into .tools/ (a few minutes and about 1.3 GB of memory the first time).
 HELM_VERSION := v4.3.2
 HELM := .tools/helm-$(HELM_VERSION)/helm
 CHART := deploy/helm/context-assembler

@@ -405,6 +405,7 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     "worker": tuple(name for name in Settings.model_fields if name not in _SERVING),
     "acls": ("bootstrap_servers", *_TOPICS, "group_id", "processing_guarantee",
              "transactional_id"),
+    "topics": ("bootstrap_servers", *_TOPICS, "max_message_bytes"),
     "topics create": (*_KAFKA, *_TOPICS, "max_message_bytes"),
     "produce": (*_KAFKA, "input_topic", "prompts_topic", "dlq_topic", "compression_type",
                 "max_message_bytes"),
