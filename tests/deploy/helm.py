@@ -34,7 +34,13 @@ CASES: dict[str, tuple[str, ...]] = {
     "msk-iam": ("--set", "keda.authenticate=true",
                 "--set", "keda.metadata.sasl=aws_msk_iam", "--set", "keda.metadata.tls=enable",
                 "--set", "keda.metadata.awsRegion=eu-west-1",
-                "--set", "keda.triggerAuthentication.podIdentity.provider=aws"),
+                "--set", "keda.triggerAuthentication.podIdentity.provider=aws",
+                "--set", "keda.triggerAuthentication.podIdentity.identityOwner=workload",
+                "--set", "serviceAccountName=context-assembler",
+                "--set", "settings.ASSEMBLER_SECURITY_PROTOCOL=SASL_SSL",
+                "--set", "settings.ASSEMBLER_SASL_MECHANISM=OAUTHBEARER",
+                "--set", "settings.ASSEMBLER_SASL_OAUTH_PROVIDER=aws_msk_iam",
+                "--set", "settings.ASSEMBLER_AWS_REGION=eu-west-1"),
     "no-keda-no-job": ("--set", "keda.enabled=false", "--set", "topics.createJob=false"),
 }
 

@@ -16,10 +16,14 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from context_assembler.kafka.connection import kafka_security
+from context_assembler.kafka.msk_iam import MskIamTokenProvider
+from context_assembler.settings import Settings
 from tests.deploy import helm, kustomize
 from tests.deploy.kubeconform import check, renders
 from tests.deploy.kustomize import Object
@@ -114,14 +118,26 @@ def test_the_secured_case_adds_the_secret_the_pods_mount_and_keda_reads(
             assert volume["secret"]["secretName"] == secret["metadata"]["name"]
 
 
-def test_msk_iam_triggers_keda_through_the_pods_iam_role() -> None:
-    chart = {obj["kind"]: obj for obj in _render(*helm.CASES["msk-iam"])}
+def test_msk_iam_runs_the_workers_and_keda_as_the_pods_iam_role() -> None:
+    objects = _render(*helm.CASES["msk-iam"])
+    chart = {obj["kind"]: obj for obj in objects if obj["kind"] != "ConfigMap"}
     (trigger,) = chart["ScaledObject"]["spec"]["triggers"]
     assert trigger["authenticationRef"] == {"name": "context-assembler-kafka"}
     assert {key: trigger["metadata"][key] for key in ("sasl", "tls", "awsRegion")} == {
         "sasl": "aws_msk_iam", "tls": "enable", "awsRegion": "eu-west-1"}
-    assert chart["TriggerAuthentication"]["spec"] == {"podIdentity": {"provider": "aws"}}
+    assert chart["TriggerAuthentication"]["spec"] == {
+        "podIdentity": {"provider": "aws", "identityOwner": "workload"}}
     assert "Secret" not in chart
+    for kind in ("Deployment", "Job"):  # the service account the IAM role is associated with
+        assert chart[kind]["spec"]["template"]["spec"].get("serviceAccountName") == (
+            "context-assembler" if kind == "Deployment" else None)
+    # The settings the worker reads are coherent: they load, and select AWS's signer.
+    settings = _named(objects, "ConfigMap", "context-assembler-settings-")["data"]
+    fields: dict[str, Any] = {name.removeprefix("ASSEMBLER_").lower(): value
+                              for name, value in settings.items()
+                              if name.startswith("ASSEMBLER_")}
+    security = kafka_security(Settings(**fields))
+    assert isinstance(security.token_provider, MskIamTokenProvider)
 
 
 def _named(objects: list[Object], kind: str, prefix: str) -> Object:

@@ -78,6 +78,9 @@ spec:
   # SIGTERM to SIGKILL: the worker exits within ASSEMBLER_SHUTDOWN_GRACE_SECONDS
   # (20 s by default); keep that setting below this value.
   terminationGracePeriodSeconds: 30
+  {{- with .Values.serviceAccountName }}
+  serviceAccountName: {{ . }}
+  {{- end }}
   automountServiceAccountToken: false
   securityContext:
     runAsNonRoot: true
