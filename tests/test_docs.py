@@ -44,6 +44,14 @@ RUN: dict[tuple[str, str], tuple[str, str]] = {
     ("docs/debugging.md", "## Debug an answer"): QUICKSTART,
     ("docs/debugging.md", "### Under the policy that was in force"): QUICKSTART,
     ("docs/debugging.md", "## Re-drive dead letters"): QUICKSTART,
+    ("docs/deploy.md", "### Topics as Strimzi KafkaTopics"): (
+        "tests/deploy/test_deploy_docs.py::"
+        "test_the_strimzi_block_prints_the_components_kafkatopics",
+        "tests/deploy/test_deploy_docs.py"),
+    ("docs/deploy.md", "### Render the chart"): (
+        "tests/deploy/test_deploy_docs.py::"
+        "test_the_render_block_lints_and_renders_the_exactly_once_chart",
+        "tests/deploy/test_deploy_docs.py"),
 }
 # Shell blocks no test machine can run as shown, and the test that checks what they act on.
 CHECKED: dict[tuple[str, str], tuple[str, str]] = {
@@ -62,6 +70,14 @@ CHECKED: dict[tuple[str, str], tuple[str, str]] = {
         "tests/integration/test_secured.py::test_the_cli_reads_the_same_settings",
         "needs a secured cluster: the tests' broker has a SASL_SSL listener read with these "
         "settings"),
+    ("docs/deploy.md", "### Install"): (
+        "tests/deploy/test_helm.py::test_the_chart_renders_what_kustomize_renders",
+        "needs a cluster: the chart's renders are compared with kustomize's and validated "
+        "with kubeconform"),
+    ("docs/secured-cluster.md", "## Amazon MSK with IAM"): (
+        "tests/kafka/test_msk_iam.py::test_the_settings_select_the_provider_for_every_client",
+        "needs an MSK cluster: the settings select AWS's signer, whose token is checked "
+        "offline"),
     ("docs/secured-cluster.md", "## Kubernetes"): (
         "tests/deploy/test_secured_manifests.py::"
         "test_every_pod_mounts_the_kafka_secret_read_only_and_optional",
