@@ -31,7 +31,7 @@ test-unit: $(BIN)/context-assembler  ## the tests that need no broker (about a m
 
 # The unit tests at the lowest versions pyproject.toml allows, so its floors stay true. Left out:
 # the schema-sync tests (schemas/ is generated with the pinned pydantic, whose JSON Schema output
-# differs in form, not in meaning, between releases) and the test that the pins are installed.
+# differs in form, not in meaning, between releases) and the tests that the pins are installed.
 LOWEST := .venv-lowest
 test-lowest: $(BIN)/context-assembler  ## unit tests at the lowest direct versions allowed
 	$(BIN)/pip install -q -c constraints.txt uv
@@ -39,7 +39,8 @@ test-lowest: $(BIN)/context-assembler  ## unit tests at the lowest direct versio
 	VIRTUAL_ENV=$(LOWEST) $(BIN)/uv pip install -q --resolution lowest-direct -e '.[dev]'
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m 'not kafka' --ignore=tests/integration \
 	    --deselect tests/contract/test_generate.py \
-	    --deselect tests/deploy/test_image.py::test_every_runtime_dependency_is_pinned_in_constraints
+	    --deselect tests/deploy/test_image.py::test_every_runtime_dependency_is_pinned_in_constraints \
+	    --deselect tests/deploy/test_image.py::test_the_msk_iam_extra_is_pinned_and_in_dev
 
 lint: $(BIN)/context-assembler
 	$(BIN)/ruff check worker tests bench
