@@ -28,6 +28,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
     UnsupportedSaslMechanismError,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 from pydantic import SecretStr
 
 from context_assembler.settings import Settings, SettingsError
@@ -217,8 +218,25 @@ async def connection_problem(servers: str, security: KafkaSecurity) -> str | Non
                 "client certificate")
     except (OSError, TimeoutError, ValueError):
         return None
-    connection.close()
+    try:
+        if security.token_provider is not None and not await _lists_brokers(connection):
+            return (f"the broker at {servers} did not accept the OAUTHBEARER token "
+                    f"({security.describe()}): check {settings}")
+    finally:
+        connection.close()
     return None
+
+
+async def _lists_brokers(connection: Any) -> bool:
+    """Whether the broker answers this connection's metadata request with its brokers.
+    aiokafka does not read a broker's refusal of an OAUTHBEARER token (the error challenge
+    it answers in place of a success): the connection seems open, but a broker that refused
+    the token lists no broker, which no authenticated client ever sees."""
+    try:
+        response = await connection.send(MetadataRequest([]))
+    except (KafkaError, OSError, TimeoutError):
+        return True  # another problem, which the callers report as they always have
+    return bool(response.brokers)
 
 
 async def start_up_problem(servers: str, security: KafkaSecurity, topics: list[str],
