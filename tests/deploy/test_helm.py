@@ -231,3 +231,18 @@ def test_kubeconform_refuses_a_chart_that_renders_a_wrong_field(
     capsys.readouterr()
     assert check(str(kubeconform), K8S, str(HELM), chart) != 0
     assert "Deployment context-assembler is invalid" in capsys.readouterr().out
+
+
+def test_the_partition_count_sizes_the_job_and_caps_keda_together() -> None:
+    chart = {obj["kind"]: obj for obj in _render("--set", "topics.partitions=3",
+                                                 "--set", "topics.replicationFactor=1")
+             if obj["kind"] != "ConfigMap"}
+    scaled = chart["ScaledObject"]
+    assert scaled["metadata"]["annotations"]["context-assembler/input-partitions"] == "3"
+    assert scaled["spec"]["maxReplicaCount"] == 3
+    behavior = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert {policy["value"] for direction in behavior.values()
+            for policy in direction["policies"]} == {3}
+    (container,) = chart["Job"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["topics", "create", "--partitions", "3",
+                                 "--replication-factor", "1"]
