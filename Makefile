@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 OUT    := out
-# The development broker's config, data and log (scripts/quickstart.sh sets its own).
+# The development broker's config, data and log (the docs' tests set their own).
 KAFKA_DIR ?= .kafka/dev
 
 .PHONY: demo test test-unit test-lowest lint docs docs-settings check check-deploy check-kubeconform prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
@@ -116,7 +116,8 @@ broker-start: $(BIN)/context-assembler  ## a local Kafka broker and the worker's
 	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
 
 broker-address:  ## host:port of the broker broker-start started, while it runs
-	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
+	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR) 2>/dev/null || \
+	    echo "no broker is running from $(KAFKA_DIR) (make broker-start starts one)" >&2
 
 broker-stop:
 	bash scripts/kafka.sh stop $(KAFKA_DIR)
