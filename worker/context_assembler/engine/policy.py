@@ -318,7 +318,8 @@ def _unknown_key(loc: tuple[int | str, ...]) -> str:
 
 def _resolve_model(overrides: dict[str, Any]) -> dict[str, Any]:
     """`[tokenizer] model = "gpt-4o"` becomes the encoding tiktoken names for that model
-    (a table inside tiktoken: no download); an `encoding` that disagrees is an error."""
+    (a table inside tiktoken: no download), and the exact encoding unless one is written; an
+    `encoding` that disagrees is an error."""
     overrides = dict(overrides)
     section = overrides.get("tokenizer")
     if not isinstance(section, dict) or "model" not in section:
@@ -332,7 +333,8 @@ def _resolve_model(overrides: dict[str, Any]) -> dict[str, Any]:
             f"[tokenizer] model {model!r} counts with {encoding}, but encoding = {stated!r}; "
             "set only one of them"
         )
-    overrides["tokenizer"] = {**section, "encoding": encoding}
+    # An exact encoding counts the window itself: exact_encoding names the same one.
+    overrides["tokenizer"] = {"exact_encoding": encoding, **section, "encoding": encoding}
     return overrides
 
 
