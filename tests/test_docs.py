@@ -187,6 +187,24 @@ def test_the_internal_reference_patterns_find_what_they_are_for() -> None:
         assert not any(pattern.search(text) for pattern in INTERNAL_REFERENCES.values()), text
 
 
+# A shipped file's pointer into the documentation: README "Section" or docs/page.md "Section".
+POINTER = re.compile(r'\b(README|docs/[\w-]+\.md) "([^"]+)"')
+SHIPPED = ["examples", "deploy", "scripts", "docker-compose.yml"]
+
+
+def test_every_section_a_shipped_file_points_to_exists() -> None:
+    files = [path for top in SHIPPED for path in ((REPO / top).rglob("*") if (REPO / top).is_dir()
+                                                  else [REPO / top]) if path.is_file()]
+    pointers = [(path.relative_to(REPO), page, section) for path in files
+                for page, section in POINTER.findall(path.read_text("utf-8", "replace"))]
+    assert pointers, "the shipped policy files point to their documentation"
+    for path, page, section in pointers:
+        document = "README.md" if page == "README" else page
+        headings = {line.lstrip("#").strip() for line in (REPO / document).read_text(
+            "utf-8").splitlines() if line.startswith("#")}
+        assert section in headings, f"{path} points to {page} {section!r}, which does not exist"
+
+
 def test_the_readme_is_a_front_page() -> None:
     assert len((REPO / "README.md").read_text("utf-8").splitlines()) <= 200
 
