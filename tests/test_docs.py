@@ -205,12 +205,44 @@ def test_every_section_a_shipped_file_points_to_exists() -> None:
         assert section in headings, f"{path} points to {page} {section!r}, which does not exist"
 
 
+def test_the_home_page_and_the_readme_name_the_same_ways_to_run_it() -> None:
+    readme = [block_heading.removeprefix("### ").lower()
+              for block_heading in section_headings("README.md", "## Ways to run it")]
+    index = (REPO / "docs" / "index.md").read_text("utf-8")
+    rows = re.findall(r"^\| ([^|]+?) \|", index.split("ways to run it", 1)[1], re.MULTILINE)
+    shapes = [row.lower() for row in rows if row not in ("shape", "---")][:len(readme) + 1]
+    assert len(readme) == 4 and shapes[:4] == readme, (readme, shapes)
+    assert re.search(rf"^## {['One', 'Two', 'Three', 'Four'][len(readme) - 1]} ways to run it$",
+                     index, re.MULTILINE)
+
+
+def section_headings(document: str, heading: str) -> list[str]:
+    """The headings one level below `heading` in `document`, in order."""
+    level = heading.split()[0] + "#"
+    lines = (REPO / document).read_text("utf-8").splitlines()
+    start = lines.index(heading) + 1
+    found, fenced = [], False
+    for line in lines[start:]:
+        fenced ^= line.startswith("```")
+        if fenced or line.startswith("```"):
+            continue
+        if line.startswith("#") and len(line.split()[0]) < len(level):
+            break
+        if line.startswith(level + " "):
+            found.append(line)
+    return found
+
+
 def test_the_readme_is_a_front_page() -> None:
     assert len((REPO / "README.md").read_text("utf-8").splitlines()) <= 200
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
-    """A broken link or anchor, a page missing from the nav or a missing include fails."""
+    """A broken link or anchor, a page missing from the nav or a missing include fails; the
+    site carries its own Mermaid (`make check-docs` looks at it in a browser)."""
+    mermaid = subprocess.run(["make", "-s", "tools/mermaid/node_modules/.package-lock.json"],
+                             cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert mermaid.returncode == 0, mermaid.stderr
     build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                             "--site-dir", str(tmp_path / "site")], cwd=REPO, capture_output=True,
                            text=True, timeout=300, check=False,
@@ -218,3 +250,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert build.returncode == 0, build.stderr
     assert (tmp_path / "site" / "http-api" / "index.html").read_text("utf-8").count(
         "/v1/assemble") > 1, "the OpenAPI reference is rendered"
+    architecture = (tmp_path / "site" / "architecture" / "index.html").read_text("utf-8")
+    assert '<pre class="mermaid">' in architecture
+    assert '<script src="../assets/javascripts/mermaid.min.js">' in architecture
+    bundled = tmp_path / "site" / "assets" / "javascripts" / "mermaid.min.js"
+    assert bundled.stat().st_size > 1_000_000, "the Mermaid library itself"

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.doc_blocks import (
-    Block,
     block_id,
     fresh_shell_env,
     needs_the_broker,
@@ -25,6 +24,7 @@ from tests.support.doc_blocks import (
     run_block,
     runnable_blocks,
 )
+from tests.support.docs import Block
 from tests.test_docs import CHECKED
 
 REPO = Path(__file__).resolve().parent.parent
