@@ -37,23 +37,23 @@ CHROMIUM_FLAGS = [  # no first-run, sync, update or background traffic of its ow
     "--hide-scrollbars", f"--window-size={WIDTH},{HEIGHT}", "--remote-debugging-port=0",
 ]
 PAGE_STATE = """(() => {
-  const decision = [...document.querySelectorAll('pre')]
-    .filter(pre => pre.textContent.includes('rank  chunk'));
+  // Material scrolls a code block in its <code>, a table in its scroll wrapper.
+  const wide = element => element.scrollWidth > element.clientWidth + 1;
+  const decision = [...document.querySelectorAll('pre > code')]
+    .filter(code => code.textContent.includes('rank  chunk'));
   return {
     title: document.querySelector('.md-content h1')?.textContent ?? null,
-    mermaid: document.querySelectorAll('.mermaid').length,
-    overflowing: decision.filter(pre => pre.scrollWidth > pre.clientWidth + 1)
-      .map(pre => pre.textContent.split('\\n')[0].slice(0, 60)),
+    // Markdown an extension should have rendered: tabs, collapsible blocks, fences.
+    raw: (document.querySelector('.md-content')?.innerText ?? '').split('\\n')
+      .filter(line => /^\\s*(=== "|\\?\\?\\? \\w|```)/.test(line)).slice(0, 3),
+    overflowing: decision.filter(wide).map(code => code.textContent.split('\\n')[0].slice(0, 60)),
     decisionTables: decision.length,
     tablesOverflowing: [...document.querySelectorAll('.md-typeset__scrollwrap')]
-      .filter(wrap => wrap.scrollWidth > wrap.clientWidth + 1)
-      .map(wrap => wrap.textContent.trim().slice(0, 60)),
-    codeOverflowing: [...document.querySelectorAll('pre')]
-      .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
-      .map(pre => pre.textContent.trim().slice(0, 60)),
+      .filter(wide).map(wrap => wrap.textContent.trim().slice(0, 60)),
+    codeOverflowing: [...document.querySelectorAll('pre, pre > code')]
+      .filter(wide).map(code => code.textContent.trim().slice(0, 60)),
   };
 })()"""
-PAGE_STATE_MERMAID = "document.querySelectorAll('.mermaid').length"
 SEARCH = """(async () => {
   const input = document.querySelector('.md-search__input');
   input.focus();
@@ -159,8 +159,8 @@ class Page:
                                  returnByValue=True)
         return answer["result"].get("value")
 
-    async def open(self, url: str) -> None:
-        """Navigate and wait until the page has loaded and drawn its diagrams."""
+    async def open(self, url: str, diagrams: int) -> None:
+        """Navigate and wait until the page has loaded and drawn its `diagrams`."""
         self.events.clear()
         await self.call("Page.navigate", url=url)
         for _ in range(300):
@@ -169,7 +169,7 @@ class Page:
             await self.call("Runtime.evaluate", expression="0")  # collects events meanwhile
             await asyncio.sleep(0.05)
         for _ in range(100):  # Mermaid draws after the load event
-            if await self.svgs() >= await self.evaluate(PAGE_STATE_MERMAID):
+            if await self.svgs() >= diagrams:
                 break
             await asyncio.sleep(0.1)
 
@@ -203,8 +203,11 @@ async def check(site: Path, screenshots: Path | None) -> list[str]:
         async with tab(devtools) as page:
             for path in pages(site):
                 url = root + (f"{path}/" if path else "")
-                await page.open(url)
-                state = {**await page.evaluate(PAGE_STATE), "svgs": await page.svgs()}
+                diagrams = (site / path / "index.html").read_text("utf-8").count(
+                    '<pre class="mermaid">')  # as the site's HTML has them, before any script
+                await page.open(url, diagrams)
+                state = {**await page.evaluate(PAGE_STATE), "svgs": await page.svgs(),
+                         "mermaid": diagrams}
                 name = path or "home"
                 problems += [f"{name}: {problem}" for problem in page_problems(page, state, root)]
                 if screenshots is not None:
@@ -216,7 +219,7 @@ async def check(site: Path, screenshots: Path | None) -> list[str]:
                     (screenshots / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
                 print(f"check-docs: {name}: {state['svgs']} diagrams, "
                       f"{state['decisionTables']} decision tables")
-            await page.open(root)
+            await page.open(root, 0)
             if not await page.evaluate(SEARCH):
                 problems.append("search: no result for 'policy'")
     return problems
@@ -226,6 +229,7 @@ def page_problems(page: Page, state: dict[str, Any], root: str) -> list[str]:
     found = []
     if not state["title"]:
         found.append("no title: the page did not render")
+    found += [f"markdown left unrendered: {line.strip()!r}" for line in state["raw"]]
     if state["svgs"] < state["mermaid"]:
         found.append(f"{state['mermaid'] - state['svgs']} mermaid diagrams not drawn as SVG")
     found += [f"decision table wider than the column at {WIDTH} px: {first!r}"
