@@ -2,38 +2,53 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# The development tools (pytest, ruff, mypy, mkdocs, ...) go into the same venv, on top of what
+# the package and its charts need: `make demo` installs only the latter.
+DEV    := $(VENV)/.dev-tools-installed
 OUT    := out
-# The development broker's config, data and log (scripts/quickstart.sh sets its own).
+# The development broker's config, data and log (the docs' tests set their own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test test-unit test-lowest lint docs docs-settings check check-deploy check-kubeconform check-helm prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo dev wheel test test-unit test-lowest lint docs docs-serve check-docs docs-settings check check-deploy check-kubeconform check-helm prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[charts]'
+	touch $@
+
+$(DEV): $(BIN)/context-assembler
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
+
+dev: $(DEV)  ## the development tools, for the tests, lint and the docs
+
+# A wheel to install the package into another project (docs/library.md).
+wheel: $(BIN)/context-assembler  ## dist/context_assembler-<version>-py3-none-any.whl
+	rm -f dist/context_assembler-*.whl
+	$(BIN)/pip wheel -q --no-deps -w dist .
+	@ls dist/context_assembler-*.whl
 
 demo: $(BIN)/context-assembler  ## assemble the shipped example events and show the decisions
 	@mkdir -p $(OUT)
 	$(BIN)/context-assembler assemble examples/events.jsonl --policy examples/policy.toml \
 	    --out $(OUT)/prompts.jsonl --audit $(OUT)/audit.jsonl --errors $(OUT)/errors.jsonl
 	$(BIN)/context-assembler explain --events examples/events.jsonl --policy examples/policy.toml
-	$(BIN)/context-assembler sweep q30-staff --events examples/events.jsonl --policy estimated \
+	$(BIN)/context-assembler sweep q30-staff --events examples/events.jsonl --policy examples/policy.toml \
 	    --png $(OUT)/sweep-q30.png
 	@echo "prompts: $(OUT)/prompts.jsonl  audit: $(OUT)/audit.jsonl  chart: $(OUT)/sweep-q30.png"
 
-test: $(BIN)/context-assembler  ## every test; the Kafka tests start their own broker
+test: $(DEV)  ## every test; the Kafka tests start their own broker
 	$(BIN)/python -m pytest
 
-test-unit: $(BIN)/context-assembler  ## the tests that need no broker (about a minute)
+test-unit: $(DEV)  ## the tests that need no broker (about ten minutes on two cores)
 	$(BIN)/python -m pytest -m 'not kafka' --ignore=tests/integration
 
 # The unit tests at the lowest versions pyproject.toml allows, so its floors stay true. Left out:
 # the schema-sync tests (schemas/ is generated with the pinned pydantic, whose JSON Schema output
 # differs in form, not in meaning, between releases) and the tests that the pins are installed.
 LOWEST := .venv-lowest
-test-lowest: $(BIN)/context-assembler  ## unit tests at the lowest direct versions allowed
+test-lowest: $(DEV)  ## unit tests at the lowest direct versions allowed
 	$(BIN)/pip install -q -c constraints.txt uv
 	$(BIN)/uv venv -q --allow-existing -p $(PYTHON) $(LOWEST)
 	VIRTUAL_ENV=$(LOWEST) $(BIN)/uv pip install -q --resolution lowest-direct -e '.[dev]'
@@ -42,14 +57,30 @@ test-lowest: $(BIN)/context-assembler  ## unit tests at the lowest direct versio
 	    --deselect tests/deploy/test_image.py::test_every_runtime_dependency_is_pinned_in_constraints \
 	    --deselect tests/deploy/test_image.py::test_the_msk_iam_extra_is_pinned_and_in_dev
 
-lint: $(BIN)/context-assembler
+lint: $(DEV)
 	$(BIN)/ruff check worker tests bench
 	$(BIN)/mypy
 
 check: lint test
 
-docs: $(BIN)/context-assembler  ## the user documentation, built strictly into site/
+# Mermaid is served with the site (tools/mermaid/hook.py copies it in), never from a CDN: the
+# version tools/mermaid/package-lock.json pins, installed by `npm ci` as the AsyncAPI parser is.
+MERMAID := tools/mermaid
+docs: $(DEV) $(MERMAID)/node_modules/.package-lock.json  ## the user documentation, built strictly into site/
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+DOCS_ADDRESS ?= 127.0.0.1:8001
+docs-serve: $(DEV) $(MERMAID)/node_modules/.package-lock.json  ## the site with search, on http://$(DOCS_ADDRESS)/
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDRESS)
+
+# Every page in headless Chromium (Debian's chromium package) at 1280 px: rendered with no
+# request off this machine, diagrams drawn as SVG, no wide table or code block cut, search
+# answering; one screenshot a page in out/check-docs/ to look at.
+check-docs: docs  ## the built site in a real browser, offline
+	$(BIN)/python -m tests.docs_browser site --screenshots $(OUT)/check-docs
+
+$(MERMAID)/node_modules/.package-lock.json: $(MERMAID)/package.json $(MERMAID)/package-lock.json
+	cd $(MERMAID) && npm ci --ignore-scripts --no-audit --no-fund --silent
 
 # The operations artefacts, by their own ecosystems' tools: promtool (Debian's `prometheus`
 # package) checks the alert rules and runs their unit tests; the AsyncAPI parser (pinned in
@@ -72,7 +103,7 @@ KUBECONFORM_VERSION := v0.8.0
 KUBECONFORM := .tools/kubeconform-$(KUBECONFORM_VERSION)/kubeconform
 GO ?= $(firstword $(shell command -v go) /usr/local/go/bin/go)
 K8S_DIR ?= deploy/k8s
-check-kubeconform: $(KUBECONFORM) $(BIN)/context-assembler  ## kubeconform over the k8s manifests
+check-kubeconform: $(KUBECONFORM) $(DEV)  ## kubeconform over the k8s manifests
 	$(BIN)/python -m tests.deploy.kubeconform --kubeconform $(KUBECONFORM) $(K8S_DIR)
 
 $(KUBECONFORM):
@@ -85,7 +116,7 @@ $(KUBECONFORM):
 HELM_VERSION := v4.3.2
 HELM := .tools/helm-$(HELM_VERSION)/helm
 CHART := deploy/helm/context-assembler
-check-helm: $(HELM) $(KUBECONFORM) $(BIN)/context-assembler  ## helm lint, kubeconform and kustomize's twin
+check-helm: $(HELM) $(KUBECONFORM) $(DEV)  ## helm lint, kubeconform and kustomize's twin
 	$(HELM) lint --strict $(CHART)
 	$(HELM) lint --strict $(CHART) --set guarantee=exactly_once --set monitoring.enabled=true
 	$(BIN)/python -m tests.deploy.kubeconform --kubeconform $(KUBECONFORM) --helm $(HELM)
@@ -108,11 +139,11 @@ schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yam
 docs-settings: $(BIN)/context-assembler  ## regenerate docs/settings.md from the settings model
 	$(BIN)/python -m context_assembler.settings docs/settings.md
 
-bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline; cost against chunk count
+bench: $(DEV)  ## engine vs the naive seed-000 baseline; cost against chunk count
 	$(BIN)/python -m bench.engine_bench
 	$(BIN)/python -m bench.scaling
 
-bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a real broker
+bench-kafka: $(DEV)  ## worker vs a passthrough worker on a real broker
 	$(BIN)/python -m bench.kafka_bench --rate 150
 	$(BIN)/python -m bench.kafka_bench --rate 150 --workload corpus --rss-events 0 --codec-rounds 0 \
 		--json $(OUT)/kafka-bench-corpus.json
@@ -121,7 +152,7 @@ bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a re
 # Then exactly_once again with rounds of commits back to back (its default spaces them 50 ms):
 # a few minutes more, about 12 in the long profile.
 CHAOS ?= short
-chaos: $(BIN)/context-assembler  ## faults on a 3-node cluster: out/chaos/report.json, timeline.png
+chaos: $(DEV)  ## faults on a 3-node cluster: out/chaos/report.json, timeline.png
 	$(BIN)/python -m bench.chaos $(if $(filter long,$(CHAOS)),--long) --out $(OUT)/chaos
 	$(BIN)/python -m bench.chaos $(if $(filter long,$(CHAOS)),--long) --guarantees exactly_once \
 		--worker-env ASSEMBLER_COMMIT_INTERVAL_MS=0 --out $(OUT)/chaos-back-to-back
@@ -134,10 +165,11 @@ broker-start: $(BIN)/context-assembler  ## a local Kafka broker and the worker's
 	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
 
 broker-address:  ## host:port of the broker broker-start started, while it runs
-	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
+	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR) 2>/dev/null || \
+	    echo "no broker is running from $(KAFKA_DIR) (make broker-start starts one)" >&2
 
 broker-stop:
 	bash scripts/kafka.sh stop $(KAFKA_DIR)
 
 clean:
-	rm -rf $(VENV) $(LOWEST) $(OUT) site $(ASYNCAPI)/node_modules .tools .kafka .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(OUT) site dist build $(ASYNCAPI)/node_modules $(MERMAID)/node_modules .tools .kafka .pytest_cache .mypy_cache .ruff_cache

@@ -1,8 +1,10 @@
 """The user documentation (README.md, SECURITY.md, docs/) stays true and stays for users.
 
-Every shell block it shows is run by a named test, or is a command that needs what no test
-machine has (a cluster, a Docker engine, minutes of benchmark) and is checked another way; the
-tests it cites exist; it holds no internal references; and the site builds strictly.
+Every shell block it shows is run as a reader pastes it (tests/test_readme_blocks.py, and
+tests/integration/test_first_run.py on the broker), its shown output compared, or is a command
+that needs what no test machine has (a cluster, a Docker engine, minutes of benchmark) and is
+checked another way; the tests it cites exist; it holds no internal references; and the site
+builds strictly.
 """
 
 from __future__ import annotations
@@ -14,45 +16,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.doc_blocks import (
+    Command,
+    broker_session,
+    commands,
+    runnable_blocks,
+    shows,
+)
 from tests.support.docs import REPO, Block, fenced_blocks, user_documents
 
 CITED = re.compile(r"(tests/[\w/]+\.py)(?:::(\w+))?")
 USER_DOCS = [*user_documents(), "SECURITY.md"]
 
-# Shell blocks run word for word, by page and section: the test that runs them, and the file
-# that takes them from the page (so that the page and what runs cannot drift apart).
-READMES = "tests/test_readme_blocks.py"
-QUICKSTART = ("tests/integration/test_first_run.py::"
-              "test_the_docs_worker_quick_start_and_walkthroughs_work_word_for_word",
-              "scripts/quickstart.sh")
-RUN: dict[tuple[str, str], tuple[str, str]] = {
-    ("README.md", "## Quick start"): (f"{READMES}::test_the_quick_start_demo_runs_as_shown",
-                                      READMES),
-    ("docs/getting-started.md", "## Quick start"): (
-        f"{READMES}::test_the_quick_start_demo_runs_as_shown", READMES),
-    ("README.md", "### File mode"): (f"{READMES}::test_the_file_mode_blocks_run_as_shown",
-                                     READMES),
-    ("docs/getting-started.md", "## Assemble your own events"): (
-        f"{READMES}::test_the_file_mode_blocks_run_as_shown", READMES),
-    ("README.md", "### HTTP endpoint"): (
-        f"{READMES}::test_the_http_block_answers_with_a_prompt_and_an_audit", READMES),
-    ("docs/http-api.md", "## Try it"): (
-        f"{READMES}::test_the_http_block_answers_with_a_prompt_and_an_audit", READMES),
-    ("docs/secured-cluster.md", "## Least privilege: the ACLs"): (
-        f"{READMES}::test_the_acls_block_prints_kafka_acls_commands", READMES),
-    ("docs/worker.md", "## Quick start"): QUICKSTART,
-    ("docs/debugging.md", "## Debug an answer"): QUICKSTART,
-    ("docs/debugging.md", "### Under the policy that was in force"): QUICKSTART,
-    ("docs/debugging.md", "## Re-drive dead letters"): QUICKSTART,
-    ("docs/deploy.md", "### Topics as Strimzi KafkaTopics"): (
-        "tests/deploy/test_deploy_docs.py::"
-        "test_the_strimzi_block_prints_the_components_kafkatopics",
-        "tests/deploy/test_deploy_docs.py"),
-    ("docs/deploy.md", "### Render the chart"): (
-        "tests/deploy/test_deploy_docs.py::"
-        "test_the_render_block_lints_and_renders_the_exactly_once_chart",
-        "tests/deploy/test_deploy_docs.py"),
-}
 # Shell blocks no test machine can run as shown, and the test that checks what they act on.
 CHECKED: dict[tuple[str, str], tuple[str, str]] = {
     ("docs/deploy.md", "### 1. Build and push the image"): (
@@ -70,6 +45,11 @@ CHECKED: dict[tuple[str, str], tuple[str, str]] = {
         "tests/integration/test_secured.py::test_the_cli_reads_the_same_settings",
         "needs a secured cluster: the tests' broker has a SASL_SSL listener read with these "
         "settings"),
+    ("docs/deploy.md", "### Render the chart"): (
+        "tests/deploy/test_deploy_docs.py::"
+        "test_the_render_block_lints_and_renders_the_exactly_once_chart",
+        "needs helm, which `make check-helm` builds in minutes (CI before the tests): that "
+        "test runs the block as written once it is built"),
     ("docs/deploy.md", "### Install"): (
         "tests/deploy/test_helm.py::test_the_chart_renders_what_kustomize_renders",
         "needs a cluster: the chart's renders are compared with kustomize's and validated "
@@ -134,25 +114,42 @@ def test_every_fenced_block_says_what_it_holds() -> None:
     assert not untagged
 
 
-def test_every_shell_block_is_run_by_a_test_or_checked_another_way() -> None:
+def test_every_section_checked_another_way_still_has_its_shell_block() -> None:
+    """Every other shell block is run as pasted (tests/test_readme_blocks.py, and
+    tests/integration/test_first_run.py for those on the broker)."""
     sections = {(block.document, block.heading) for block in shell_blocks()}
-    assert not RUN.keys() & CHECKED.keys()
-    assert sections - RUN.keys() - CHECKED.keys() == set(), "shell blocks no test runs or checks"
-    assert (RUN.keys() | CHECKED.keys()) - sections == set(), "no such shell block any more"
-
-
-def test_the_tests_named_for_the_shell_blocks_exist_and_read_their_pages() -> None:
-    for block in shell_blocks():
-        key = (block.document, block.heading)
-        if key in RUN:
-            test_id, runner = RUN[key]
-            source = (REPO / runner).read_text("utf-8")
-            assert block.document in source, f"{runner} does not read {block.document}"
-            assert any(heading in source for heading in block.headings), (
-                f"{runner} does not take {block.heading!r} from {block.document}")
-        else:
-            test_id, _ = CHECKED[key]
+    assert CHECKED.keys() - sections == set(), "no such shell block any more"
+    for test_id, _ in CHECKED.values():
         assert cited_test_exists(test_id), test_id
+
+
+def test_every_runnable_block_is_run_by_one_of_the_two_runners() -> None:
+    runnable = runnable_blocks(CHECKED)
+    on_broker = broker_session(runnable)
+    assert on_broker and on_broker[0].text.startswith("make broker-start")
+    assert on_broker[-1].text.startswith("make broker-stop")
+    assert all(commands(block.text) for block in runnable), "a block with no command"
+
+
+def test_shown_output_is_matched_line_for_line_with_an_ellipsis_for_what_varies() -> None:
+    output = "input retrieval.results/0/0\nrequest q30 | context 505 tokens\nrank  chunk\n"
+    assert shows(["request q30 | context 505 tokens"], output)
+    assert shows(["request … | context 505 tokens", "rank  chunk"], output)
+    assert shows(["input …", "…", "rank  chunk"], output)
+    assert not shows(["request q30 | context 504 tokens"], output), "a stale figure"
+    assert not shows(["rank  chunk", "input retrieval.results/0/0"], output), "out of order"
+    assert not shows(["input retrieval.results/0/0", "rank  chunk"], output), "not consecutive"
+    assert not shows(["request"], output), "a whole line, not a part"
+
+
+def test_a_block_is_read_as_commands_with_their_shown_output_and_exit_status() -> None:
+    block = ("# 1. prose\nmake a \\\n    b   # inline\n#   printed\n#     indented\n\n"
+             "# 2. exit status 2: fails\nfalse\nfor x in 1 2; do\n  echo $x\ndone\n")
+    assert commands(block) == [
+        Command("make a \\\n    b   # inline", ("printed", "  indented"), 0),
+        Command("false", (), 2),
+        Command("for x in 1 2; do\n  echo $x\ndone", (), 0),
+    ]
 
 
 def test_the_benchmark_commands_name_real_targets_and_flags() -> None:
@@ -203,12 +200,62 @@ def test_the_internal_reference_patterns_find_what_they_are_for() -> None:
         assert not any(pattern.search(text) for pattern in INTERNAL_REFERENCES.values()), text
 
 
+# A shipped file's pointer into the documentation: README "Section" or docs/page.md "Section".
+POINTER = re.compile(r'\b(README|docs/[\w-]+\.md) "([^"]+)"')
+SHIPPED = ["examples", "deploy", "scripts", "docker-compose.yml"]
+
+
+def test_every_section_a_shipped_file_points_to_exists() -> None:
+    files = [path for top in SHIPPED for path in ((REPO / top).rglob("*") if (REPO / top).is_dir()
+                                                  else [REPO / top]) if path.is_file()]
+    pointers = [(path.relative_to(REPO), page, section) for path in files
+                for page, section in POINTER.findall(path.read_text("utf-8", "replace"))]
+    assert pointers, "the shipped policy files point to their documentation"
+    for path, page, section in pointers:
+        document = "README.md" if page == "README" else page
+        headings = {line.lstrip("#").strip() for line in (REPO / document).read_text(
+            "utf-8").splitlines() if line.startswith("#")}
+        assert section in headings, f"{path} points to {page} {section!r}, which does not exist"
+
+
+def test_the_home_page_and_the_readme_name_the_same_ways_to_run_it() -> None:
+    readme = [block_heading.removeprefix("### ").lower()
+              for block_heading in section_headings("README.md", "## Ways to run it")]
+    index = (REPO / "docs" / "index.md").read_text("utf-8")
+    rows = re.findall(r"^\| ([^|]+?) \|", index.split("ways to run it", 1)[1], re.MULTILINE)
+    shapes = [row.lower() for row in rows if row not in ("shape", "---")][:len(readme) + 1]
+    assert len(readme) == 4 and shapes[:4] == readme, (readme, shapes)
+    assert re.search(rf"^## {['One', 'Two', 'Three', 'Four'][len(readme) - 1]} ways to run it$",
+                     index, re.MULTILINE)
+
+
+def section_headings(document: str, heading: str) -> list[str]:
+    """The headings one level below `heading` in `document`, in order."""
+    level = heading.split()[0] + "#"
+    lines = (REPO / document).read_text("utf-8").splitlines()
+    start = lines.index(heading) + 1
+    found, fenced = [], False
+    for line in lines[start:]:
+        fenced ^= line.startswith("```")
+        if fenced or line.startswith("```"):
+            continue
+        if line.startswith("#") and len(line.split()[0]) < len(level):
+            break
+        if line.startswith(level + " "):
+            found.append(line)
+    return found
+
+
 def test_the_readme_is_a_front_page() -> None:
     assert len((REPO / "README.md").read_text("utf-8").splitlines()) <= 200
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
-    """A broken link or anchor, a page missing from the nav or a missing include fails."""
+    """A broken link or anchor, a page missing from the nav or a missing include fails; the
+    site carries its own Mermaid (`make check-docs` looks at it in a browser)."""
+    mermaid = subprocess.run(["make", "-s", "tools/mermaid/node_modules/.package-lock.json"],
+                             cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert mermaid.returncode == 0, mermaid.stderr
     build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                             "--site-dir", str(tmp_path / "site")], cwd=REPO, capture_output=True,
                            text=True, timeout=300, check=False,
@@ -216,3 +263,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert build.returncode == 0, build.stderr
     assert (tmp_path / "site" / "http-api" / "index.html").read_text("utf-8").count(
         "/v1/assemble") > 1, "the OpenAPI reference is rendered"
+    architecture = (tmp_path / "site" / "architecture" / "index.html").read_text("utf-8")
+    assert '<pre class="mermaid">' in architecture
+    assert '<script src="../assets/javascripts/mermaid.min.js">' in architecture
+    bundled = tmp_path / "site" / "assets" / "javascripts" / "mermaid.min.js"
+    assert bundled.stat().st_size > 1_000_000, "the Mermaid library itself"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,29 @@ def test_assemble_a_validated_event_under_a_preset_is_deterministic() -> None:
     assert kept and sorted(kept) == sorted(chunk.chunk_id for chunk in first.prompt.citations)
     accounted = sorted([*kept, *(d.chunk_id for d in first.audit.dropped)])
     assert accounted == sorted(c.chunk_id for c in ca.RetrievalResult.model_validate_json(line).chunks)
+
+
+def test_assemble_takes_the_event_as_parsed_json_and_gives_the_same_bytes() -> None:
+    policy = ca.load_policy("default")
+    for line in EVENTS.read_text("utf-8").splitlines()[:5]:
+        validated = ca.assemble(ca.RetrievalResult.model_validate_json(line), policy)
+        parsed = ca.assemble(json.loads(line), policy)
+        assert encode(parsed.prompt) == encode(validated.prompt)
+        assert encode(parsed.audit) == encode(validated.audit)
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"chunks": "not a list"}, "chunks"),
+    ({"question": None}, "question"),
+    ({"as_of": "yesterday"}, "as_of"),
+])
+def test_a_mapping_that_is_not_an_event_is_a_clear_error_of_the_family(
+    change: dict[str, object], named: str
+) -> None:
+    event = {**json.loads(EVENTS.read_text("utf-8").splitlines()[0]), **change}
+    with pytest.raises(ca.InvalidEvent, match=f"not a RetrievalResult: .*{named}") as raised:
+        ca.assemble(event, ca.load_policy("default"))
+    assert isinstance(raised.value, ca.ContextAssemblerError)
 
 
 def test_an_unknown_preset_is_a_policy_error_naming_the_presets() -> None:

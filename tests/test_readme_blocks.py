@@ -1,91 +1,44 @@
-"""The blocks of the README and the docs for a first hour, run as a new user pastes them,
-taken from the pages themselves.
+"""Every shell block of README.md and docs/ that a test machine can run, run as a new user
+pastes it: alone, in a fresh bash from the repository's directory after `make demo`, each
+command exiting as the page says and printing what the page shows (tests/support/doc_blocks.py
+says how a page shows output).
 
-The worker block and the walkthroughs that need a broker are run by scripts/quickstart.sh
-(tests/integration/test_first_run.py); tests/test_docs.py checks that every shell block of
-the pages is run here, there, or checked another way.
+The blocks on the development broker run in one session, in
+tests/integration/test_first_run.py; tests/test_docs.py lists the blocks no test machine can
+run (a cluster, a Docker engine, minutes of benchmark) and what checks them instead.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 from pathlib import Path
 
-from tests.support.docs import section_blocks
+import pytest
+
+from tests.support.doc_blocks import (
+    block_id,
+    fresh_shell_env,
+    needs_the_broker,
+    one_at_a_time,
+    problems,
+    run_block,
+    runnable_blocks,
+)
+from tests.support.docs import Block
+from tests.test_docs import CHECKED
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+BLOCKS = [block for block in runnable_blocks(CHECKED) if not needs_the_broker(block)]
 
 
-def shell_block(document: str, heading: str) -> str:
-    """The one shell block of the section under `heading` in `document`."""
-    (block,) = [b.text for b in section_blocks(document, heading) if b.is_shell]
-    return block
-
-
-def run_block(block: str, *, activated: bool = False) -> subprocess.CompletedProcess[str]:
-    """`block` in bash from the repository's directory, after `make demo` (which creates
-    .venv and out/); with `activated`, as in a shell where `. .venv/bin/activate` ran."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("ASSEMBLER_", "VIRTUAL_ENV"))}
-    if activated:
-        env["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    (REPO / "out").mkdir(exist_ok=True)
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
-
-
-def test_the_quick_start_demo_runs_as_shown() -> None:
-    """`make demo`, the first line of the quick start (its `make test` is what CI runs)."""
-    block = shell_block("README.md", "## Quick start")
-    assert shell_block("docs/getting-started.md", "## Quick start") == block
-    demo, tests = block.splitlines()
-    assert tests.startswith("make test ")
-    env = {**os.environ, "MAKEFLAGS": "-o .venv/bin/context-assembler"}  # this venv, as it is
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", demo], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "request q30-customer | policy service (sha256:" in result.stdout
-    assert "dropped: access_denied: audience 'customer' is not in ['staff']" in result.stdout
-    assert (REPO / "out" / "sweep-q30.png").is_file()
-
-
-def test_the_file_mode_blocks_run_as_shown() -> None:
-    events = (EXAMPLES / "events.jsonl").read_text("utf-8").splitlines()
-    readme = run_block(shell_block("README.md", "### File mode"))
-    assert readme.returncode == 0, readme.stderr
-    assert len((REPO / "out" / "prompts.jsonl").read_text("utf-8").splitlines()) == len(events)
-    assert (REPO / "out" / "errors.jsonl").read_text("utf-8") == ""
-
-    guide = run_block(shell_block("docs/getting-started.md", "## Assemble your own events"))
-    assert guide.returncode == 0, guide.stderr
-    audits = [json.loads(line)
-              for line in (REPO / "out" / "audit.jsonl").read_text("utf-8").splitlines()]
-    assert [audit["request_id"] for audit in audits] == [
-        json.loads(event)["request_id"] for event in events]
-    assert "request q30-customer | policy service (sha256:" in guide.stdout  # explain
-    assert "# service sha256:" in guide.stdout  # policy: the resolved rules and their hash
-
-
-def test_the_http_block_answers_with_a_prompt_and_an_audit() -> None:
-    block = shell_block("docs/http-api.md", "## Try it")
-    assert shell_block("README.md", "### HTTP endpoint") == block
-    result = run_block(block)
-    assert result.returncode == 0, result.stdout + result.stderr
-    answer = json.loads(result.stdout)
-    assert answer["prompt"]["request_id"] == answer["audit"]["request_id"] == "q30-customer"
-    assert '"level": "ERROR"' not in result.stderr
-
-
-def test_the_acls_block_prints_kafka_acls_commands() -> None:
-    result = run_block(shell_block("docs/secured-cluster.md", "## Least privilege: the ACLs"),
-                       activated=True)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines and all(line.startswith("kafka-acls --bootstrap-server ") for line in lines)
-    assert all("--allow-principal User:context-assembler" in line for line in lines)
+@pytest.mark.parametrize("block", BLOCKS, ids=block_id)
+def test_the_block_runs_pasted_alone_and_prints_what_the_page_shows(block: Block) -> None:
+    (REPO / "out").mkdir(exist_ok=True)  # as `make demo` leaves it
+    with one_at_a_time():
+        run = run_block(block, fresh_shell_env())
+    found = problems(run)
+    assert not found, f"{block_id(block)}:\n" + "\n\n".join(found)
 
 
 def test_the_single_example_event_is_an_example_of_events_jsonl() -> None:

@@ -169,6 +169,15 @@ def test_a_model_name_resolves_to_its_encoding(model: str, encoding: str) -> Non
     assert policy_from_mapping({"tokenizer": {"model": model, "encoding": encoding}}) == by_model
 
 
+def test_an_exact_encoding_is_its_own_exact_encoding_unless_one_is_written() -> None:
+    assert policy_from_mapping({"tokenizer": {"model": "gpt-4o"}}).tokenizer.exact_encoding == (
+        "o200k_base")
+    written = {"encoding": "o200k_base", "exact_encoding": "cl100k_base"}
+    assert policy_from_mapping({"tokenizer": written}).tokenizer.exact_encoding == "cl100k_base"
+    estimate = policy_from_mapping({"tokenizer": {"encoding": "chars/4"}}).tokenizer
+    assert estimate.exact_encoding == "cl100k_base", "an estimate keeps the default exact one"
+
+
 @pytest.mark.parametrize(("section", "message"), [
     ({"model": "gpt-4o", "encoding": "cl100k_base"}, "counts with o200k_base, but encoding = 'cl100k_base'"),
     ({"model": "llama-3-8b"}, "not a model tiktoken knows; .*hf:PATH"),

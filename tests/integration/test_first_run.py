@@ -1,8 +1,8 @@
 """A new user's first run, on a real broker: topics, produce, the worker, and the docs.
 
-The worker quick start (docs/worker.md) and the walkthroughs of docs/debugging.md are run word
-for word by scripts/quickstart.sh, on a broker of its own (as `make broker-start` starts it),
-so the pages stay true.
+The documentation's blocks on the development broker (the worker quick start, the debugging
+walkthroughs) are run here as a reader pastes them (tests/support/doc_blocks.py), on a broker
+of their own started by `make broker-start`, so the pages stay true.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,17 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from context_assembler.kafka.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
 from context_assembler.settings import Settings
 from tests.support.broker import Broker
+from tests.support.doc_blocks import (
+    BlockRun,
+    block_id,
+    broker_session,
+    fresh_shell_env,
+    problems,
+    run_block,
+    runnable_blocks,
+)
 from tests.support.worker import Topics, WorkerProcess
+from tests.test_docs import CHECKED
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
@@ -163,63 +174,49 @@ def faust_dirs(temp: Path) -> list[Path]:
     return list(temp.glob("context-assembler-faust-*"))
 
 
-def test_the_docs_worker_quick_start_and_walkthroughs_work_word_for_word(tmp_path: Path) -> None:
-    """The worker block pasted whole, then the debugging and re-drive walkthroughs, on a broker
-    of its own started by `make broker-start` as a new user would: each visibly succeeds (or
-    fails on purpose where the page says so), and the worker's lines are few, none above
-    INFO."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("ASSEMBLER_", "KAFKA_DIR", "VIRTUAL_ENV"))}
-    # The venv is this one, already installed: make must not reinstall it under other tests.
-    env["MAKEFLAGS"] = "-o .venv/bin/context-assembler"
-    result = subprocess.run(["bash", "scripts/quickstart.sh", str(tmp_path)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600, check=False)
-    output = result.stdout
-    assert result.returncode == 0, output + result.stderr
+def test_the_docs_blocks_on_the_broker_run_pasted_alone_as_shown(tmp_path: Path) -> None:
+    """The worker quick start, then every block that uses its broker (the debugging
+    walkthroughs, the re-drive), then the one that stops it: each alone in a fresh bash, on a
+    broker of its own started by `make broker-start` as a new user would, each command exiting
+    and printing as its page says; the worker's lines are few, none above INFO, and it leaves
+    no temp dir behind."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    kafka_dir = tmp_path / "kafka"
+    env = fresh_shell_env({"KAFKA_DIR": str(kafka_dir), "TMPDIR": str(temp),
+                           "ASSEMBLER_HTTP_PORT": str(free_port())})  # 8080 may be taken
+    session = broker_session(runnable_blocks(CHECKED))
+    assert [block.document for block in session][:1] == ["docs/worker.md"]
+    assert "docs/debugging.md" in {block.document for block in session}
+    runs: list[BlockRun] = []
+    try:
+        for block in session:
+            runs.append(run_block(block, env, timeout=600))
+            found = problems(runs[-1])
+            assert not found, f"{block_id(block)}:\n" + "\n\n".join(found)
+    finally:
+        subprocess.run(["bash", "scripts/kafka.sh", "stop", str(kafka_dir)], cwd=REPO,
+                       capture_output=True, timeout=120, check=False)
+    output = "".join(run.output for run in runs)
+    assert "\x1b" not in output, "no terminal escape codes"
+    assert faust_dirs(temp) == []
     lines = output.splitlines()
-    assert "sent 8 events to retrieval.results" in lines
-    assert ("answered 8 events: 8 prompts on prompts.assembled, 0 dead letters on "
-            "retrieval.results.dlq") in lines
-    tailed = [line for line in lines if " from retrieval.results/" in line and "cites" in line]
+    tailed = [line for line in runs[0].output.splitlines()
+              if " from retrieval.results/" in line and "cites" in line]
     assert sorted(line.split()[0] for line in tailed) == sorted(EXAMPLE_IDS)
-
     logged = [json.loads(line) for line in lines if line.startswith('{"time"')]
     first_run = logged[:[e["message"] for e in logged].index("stopped") + 1]
     (summary,) = [e for e in first_run if e["logger"] == "context_assembler.observability.summary"]
     assert summary["message"].startswith("assembled 8 events: 8 prompts (")
-    assert (summary["prompts"], summary["dead_letters"]) == (8, {})
     assert first_run[0]["message"].startswith("starting on 127.0.0.1:")
     assert {e["level"] for e in first_run} == {"INFO"}, output
     assert len(first_run) <= 8, output
-    assert "ERROR" not in output
-
-    statuses = [line.split(": ", 2)[1:] for line in lines if line.startswith("quickstart: exit")]
-    assert [(int(status.removeprefix("exit ")), what(command)) for status, command in statuses] == [
-        (0, "explain"), (0, "replay"), (1, "replay"), (2, "replay"), (0, "replay"),
-        (0, "sed"), (0, "worker"), (0, "produce"), (0, "tail"), (0, "kill"), (0, "redrive"),
-        (0, "redrive")], output
-    assert "request q30-customer | policy default" in output
-    assert "replayed 8 events (0 rejected): 8 identical, 0 different, 0 not published" in lines
-    assert "q30-customer (retrieval.results/0/0): different" in lines
-    assert any(line.startswith("context-assembler: nothing to replay: no event on "
-                               "retrieval.results from 2000-01-01T00:00:00.000Z") for line in lines)
-
-    # The re-drive walkthrough: the request naming a policy not allowed is dead-lettered (the
-    # second worker warns of it once), then listed and sent back.
-    assert ("answered 1 events: 0 prompts on prompts.assembled, 1 dead letters on "
-            "retrieval.results.dlq") in lines, output
-    assert any(line.startswith("q30-customer  RejectedInput.policy: policy 'window-8k' is not "
-                               "allowed here") for line in lines), output
-    second_run = logged[len(first_run):]
-    assert [e["message"] for e in second_run if e["level"] != "INFO"] == [
+    assert [e["message"] for e in logged if e["level"] != "INFO"] == [
         "rejected input: policy 'window-8k' is not allowed here; allowed: default"], output
-    assert second_run[-1]["message"] == "stopped"
-    assert ("would re-drive 1 dead letters to retrieval.results (dry run: --yes sends them); "
-            "next run: --from 0:1") in lines, output
-    assert "re-drove 1 dead letters to retrieval.results; next run: --from 0:1" in lines, output
 
 
-def what(command: str) -> str:
-    """The command a walkthrough line runs: `context-assembler replay ...` -> replay."""
-    words = command.split()
-    return words[1] if words[0] == "context-assembler" else words[0]
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port

@@ -10,6 +10,7 @@ import asyncio
 from typing import Any, ClassVar
 
 import pytest
+from aiokafka.structs import RecordMetadata
 
 from context_assembler.contract.models import RejectReason
 from context_assembler.intake.codec import RejectedInput
@@ -52,10 +53,10 @@ class Producer:
         pass
 
     async def send(self, topic: str, value: bytes, *, key: bytes | None,
-                   headers: list[tuple[str, bytes]]) -> asyncio.Future[None]:
+                   headers: list[tuple[str, bytes]]) -> asyncio.Future[RecordMetadata]:
         self.sent.append((topic, value, key, headers))
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
+        done: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        done.set_result(RecordMetadata(topic, 0, None, len(self.sent) + 99, -1, 0, -1))
         return done
 
     async def stop(self) -> None:
@@ -113,6 +114,7 @@ def test_yes_sends_the_original_key_value_and_headers_with_a_count(topics: Topic
     assert [h for _, _, _, h in producer.sent] == [
         [("traceparent", b"00-abc-def-01"), (REDRIVES, b"1")]] * 2
     assert report.render("in", 3)[-1].startswith("re-drove 2 dead letters to in; next run")
+    assert report.resent == [(0, 100), (0, 101)], "where they landed: what --wait waits for"
 
 
 def test_a_record_failing_again_carries_its_count_and_stops_at_the_maximum(

@@ -23,6 +23,7 @@ from context_assembler.contract.models import (
 from context_assembler.engine import (
     Assembly,
     ContextAssemblerError,
+    InvalidEvent,
     Policy,
     PolicyError,
     PromptTooLarge,
@@ -37,6 +38,7 @@ __all__ = [
     "AssemblyAudit",
     "Chunk",
     "ContextAssemblerError",
+    "InvalidEvent",
     "Policy",
     "PolicyError",
     "PromptTooLarge",

@@ -153,14 +153,14 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
     registry = build_registry(settings.policy_file, settings.allowed_policies)
     for event, policy in _selected_events(args, registry, settings.limits):
         points = sweep(event, policy, args.budgets or SEED_BUDGETS)
-        print(sweep_table(event, points))
+        print(sweep_table(event, points, policy))
         if args.png:
             png = Path(args.png)
             if args.request_id is None:  # one chart per request, named after it (untrusted)
                 name = _NOT_IN_FILE_NAMES.sub("_", event.request_id)
                 png = png.with_name(f"{png.stem}-{name}{png.suffix}")
             with file_errors(str(png)):
-                sweep_chart(event, points, str(png))
+                sweep_chart(event, points, policy, str(png))
             print(f"chart: {png}")
         print()
     return 0

@@ -42,6 +42,7 @@ from context_assembler.settings import Settings
 
 if TYPE_CHECKING:
     from context_assembler.kafka.replay.replay import ReplayReport, ReplayRequest
+    from context_assembler.kafka.tail import Answers
 
 
 @command
@@ -126,7 +127,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     from context_assembler.kafka.connection import kafka_security
     from context_assembler.kafka.produce import produce
     from context_assembler.kafka.reader import TopicReader
-    from context_assembler.kafka.tail import Answers, output_ends, wait_for_answers
+    from context_assembler.kafka.tail import output_ends, wait_for_answers
 
     quiet_kafka_client()
     servers, topic = settings.bootstrap_servers, settings.input_topic
@@ -150,6 +151,11 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
         print(f"context-assembler: {problem}", file=sys.stderr)
     if answers is None:
         return 1 if skipped else 0
+    return 1 if report_answers(answers, settings, args.timeout) or skipped else 0
+
+
+def report_answers(answers: Answers, settings: Settings, timeout: float) -> bool:
+    """Print what answered the events sent; true if some have no answer yet."""
     for line in answers.dead_letters:
         print(f"dead letter: {line}", file=sys.stderr)
     answered = answers.prompts + len(answers.dead_letters)
@@ -157,10 +163,9 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
           f"{len(answers.dead_letters)} dead letters on {settings.dlq_topic}", file=sys.stderr)
     if answers.waiting:
         print(f"context-assembler: {len(answers.waiting)} events not answered within "
-              f"{args.timeout:g} s; is a worker running on {servers} (context-assembler "
-              "worker)?", file=sys.stderr)
-        return 1
-    return 1 if skipped else 0
+              f"{timeout:g} s; is a worker running on {settings.bootstrap_servers} "
+              "(context-assembler worker)?", file=sys.stderr)
+    return bool(answers.waiting)
 
 
 def producible(
@@ -338,7 +343,9 @@ def cmd_redrive(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
     from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.redrive import RedriveRequest, redrive
+    from context_assembler.kafka.reader import TopicReader
+    from context_assembler.kafka.redrive import RedriveReport, RedriveRequest, redrive
+    from context_assembler.kafka.tail import output_ends, wait_for_answers
 
     span = topic_range(args)
     if args.yes and args.dry_run:
@@ -356,10 +363,24 @@ def cmd_redrive(args: argparse.Namespace, settings: Settings) -> int:
         compression=settings.producer_compression,
         security=kafka_security(settings),
     )
-    report = asyncio.run(redrive(request))
+    if args.wait and not args.yes:
+        raise UsageError("--wait waits for what --yes sends: give both")
+
+    async def run() -> tuple[RedriveReport, Answers | None]:
+        if not args.wait:
+            return await redrive(request), None
+        async with TopicReader(request.bootstrap_servers, request.security) as reader:
+            starts = await output_ends(reader, [settings.prompts_topic, settings.dlq_topic])
+            report = await redrive(request)
+            resent = [(request.input_topic, p, o) for p, o in report.resent]
+            return report, await wait_for_answers(reader, starts, settings.prompts_topic,
+                                                  resent, args.timeout)
+
+    report, answers = asyncio.run(run())
     for line in report.render(request.input_topic, request.max_redrives):
         print(printable(line))
-    return 0
+    sys.stdout.flush()  # before what answered them, on stderr
+    return 1 if answers is not None and report_answers(answers, settings, args.timeout) else 0
 
 
 def recorded_policy(registry: PolicyRegistry, name: str) -> Policy:

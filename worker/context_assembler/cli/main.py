@@ -212,6 +212,11 @@ def _add_redrive(commands: Commands) -> None:
                        help="show what would be re-driven, grouped by reason (the default)")
     drive.add_argument("--yes", action="store_true",
                        help="publish the original key, value and headers to the input topic")
+    drive.add_argument("--wait", action="store_true",
+                       help="with --yes: return once each re-driven event has its prompt or "
+                       "its dead letter; exit 1 if some have neither in --timeout")
+    drive.add_argument("--timeout", type=positive, default=120,
+                       help="with --wait: seconds to wait (default: 120)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,11 +32,12 @@ class ChartsUnavailable(ContextAssemblerError):
     """A chart was asked for without the charts extra installed."""
 
 
-def passage_tokens(chunk: Chunk, policy: Policy) -> int:
-    """What the chunk would cost uncompressed, labelled with its chunk_id."""
+def passage_tokens(chunk: Chunk, policy: Policy, passages: int) -> int:
+    """What the chunk would cost uncompressed, labelled as the policy labels passages (a
+    numbered label: the widest of the event's `passages`, as the engine costs it)."""
     counter = get_counter(policy.tokenizer.encoding)
-    text = render.passage(chunk, chunk.text, chunk.chunk_id, policy.render.header)
-    return counter.count(text)
+    label = render.label_for(policy.render.labels, max(1, passages), chunk.chunk_id)
+    return counter.count(render.passage(chunk, chunk.text, label, policy.render.header))
 
 
 def decision_table(event: RetrievalResult, audit: AssemblyAudit, policy: Policy) -> str:
@@ -56,7 +57,7 @@ def decision_table(event: RetrievalResult, audit: AssemblyAudit, policy: Policy)
             decision = f"kept as [{item.label}]" + (" (compressed)" if item.compressed else "")
         else:
             drop = dropped[rank]
-            tokens = str(passage_tokens(chunk, policy))
+            tokens = str(passage_tokens(chunk, policy, len(event.chunks)))
             decision = f"dropped: {drop.reason.value}: {drop.detail}"
         rows.append((str(rank), printable(chunk.chunk_id), printable(chunk.document), tokens,
                      printable(decision)))
@@ -98,8 +99,9 @@ def sweep(event: RetrievalResult, policy: Policy, budgets: list[int]) -> list[Sw
     return points
 
 
-def sweep_table(event: RetrievalResult, points: list[SweepPoint]) -> str:
-    lines = [f"request {printable(event.request_id)}: passages in the prompt at each budget",
+def sweep_table(event: RetrievalResult, points: list[SweepPoint], policy: Policy) -> str:
+    lines = [f"request {printable(event.request_id)}: passages in the prompt at each budget "
+             f"under policy {printable(policy.name)} ({policy.hash})",
              "budget  passages  tokens  kept"]
     for point in points:
         lines.append(
@@ -109,7 +111,9 @@ def sweep_table(event: RetrievalResult, points: list[SweepPoint]) -> str:
     return "\n".join(lines)
 
 
-def sweep_chart(event: RetrievalResult, points: list[SweepPoint], path: str) -> None:
+def sweep_chart(
+    event: RetrievalResult, points: list[SweepPoint], policy: Policy, path: str
+) -> None:
     """A PNG: tokens used (bars) against the budget (line), passages kept on each bar.
     matplotlib is an extra (charts) so that the worker image goes without it."""
     try:
@@ -132,7 +136,9 @@ def sweep_chart(event: RetrievalResult, points: list[SweepPoint], path: str) -> 
                       va="bottom", fontsize=8)
     axes.set_xlabel("passage budget (tokens)")
     axes.set_ylabel("tokens")
-    axes.set_title(f"{event.request_id}: what fits at each budget (number = passages kept)")
+    axes.set_title(f"{printable(event.request_id)} under policy {printable(policy.name)} "
+                   f"({policy.hash}): what fits at each budget (number = passages kept)",
+                   fontsize=10)
     axes.legend(loc="upper left")
     plt.setp(axes.get_xticklabels(), rotation=45)
     figure.tight_layout()

@@ -10,6 +10,7 @@ project's error family.
 from context_assembler.engine.assemble import Assembly, assemble
 from context_assembler.engine.errors import (
     ContextAssemblerError,
+    InvalidEvent,
     PolicyError,
     PromptTooLarge,
     VocabularyUnavailable,
@@ -19,6 +20,7 @@ from context_assembler.engine.policy import Policy, policy_from_mapping
 __all__ = [
     "Assembly",
     "ContextAssemblerError",
+    "InvalidEvent",
     "Policy",
     "PolicyError",
     "PromptTooLarge",

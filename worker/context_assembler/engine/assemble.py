@@ -12,9 +12,11 @@ no cached value changes an output.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+from pydantic import ValidationError
 
 from context_assembler.contract.models import (
     AssembledPrompt,
@@ -33,7 +35,7 @@ from context_assembler.engine.assembling import Assembling
 from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.compress import extract_relevant
 from context_assembler.engine.dedup import CopyDetector, drop_repeated_ids
-from context_assembler.engine.errors import PromptTooLarge
+from context_assembler.engine.errors import InvalidEvent, PromptTooLarge
 from context_assembler.engine.guard import guard
 from context_assembler.engine.order import arrange
 from context_assembler.engine.pack import Packed, Packing, pack
@@ -47,6 +49,7 @@ from context_assembler.engine.tokens import (
 from context_assembler.engine.version import __version__
 
 ENGINE = EngineInfo(version=__version__)
+_PROBLEMS_NAMED: Final = 5  # of an invalid event: enough to fix it, bounded whatever it holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +58,11 @@ class Assembly:
     audit: AssemblyAudit
 
 
-def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
-    """The prompt and its audit for `event` under `policy`; raises PromptTooLarge when the
-    instructions and the question alone overflow the window."""
+def assemble(event: RetrievalResult | Mapping[str, Any], policy: Policy) -> Assembly:
+    """The prompt and its audit for `event` (a RetrievalResult, or a mapping such as parsed
+    JSON, validated first: InvalidEvent if it is not one) under `policy`; raises
+    PromptTooLarge when the instructions and the question alone overflow the window."""
+    event = _validated(event)
     counter = get_counter(policy.tokenizer.encoding)
     event = _without_special_tokens(event, policy)
     passed, dropped = guard(
@@ -71,6 +76,20 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
     return _records(
         assembling, shown, fitted, [*dropped, *repeated, *unpacked, *fitted.shed, *overflowed]
     )
+
+
+def _validated(event: RetrievalResult | Mapping[str, Any]) -> RetrievalResult:
+    """A caller may hold the event as parsed JSON: validated as the file mode validates it."""
+    if not isinstance(event, Mapping):
+        return event
+    try:
+        return RetrievalResult.model_validate(event)
+    except ValidationError as error:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'event'}: {e['msg']}"
+                    for e in error.errors(include_url=False)[:_PROBLEMS_NAMED]]
+        more = error.error_count() - len(problems)
+        raise InvalidEvent("not a RetrievalResult: " + "; ".join(problems)
+                           + (f"; and {more} more" if more > 0 else "")) from None
 
 
 def _without_special_tokens(event: RetrievalResult, policy: Policy) -> RetrievalResult:

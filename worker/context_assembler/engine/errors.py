@@ -30,3 +30,7 @@ class SpecialTokenInId(ContextAssemblerError, ValueError):
 class VocabularyUnavailable(ContextAssemblerError, RuntimeError):
     """A tokenizer's vocabulary is neither cached nor bundled: the message says how to
     provide it."""
+
+
+class InvalidEvent(ContextAssemblerError, ValueError):
+    """A mapping given for a RetrievalResult that is not one: the message lists each problem."""

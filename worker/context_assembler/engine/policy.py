@@ -64,7 +64,8 @@ class _Section(BaseModel):
 class TokenizerPolicy(_Section):
     """A policy file may also write `model = "gpt-4o"` (its tiktoken encoding) or
     `encoding = "hf:PATH"` (a tokenizer.json beside it); both are resolved on loading, the
-    file into `hf:sha256:<hex>`, so the policy hash covers the vocabulary's content."""
+    file into `hf:sha256:<hex>`, so the policy hash covers the vocabulary's content. An exact
+    encoding is its own exact encoding."""
 
     encoding: TokenizerName | HfTokenizerName = "cl100k_base"
     exact_encoding: ExactTokenizerName | HfTokenizerName = Field(
@@ -273,7 +274,7 @@ def policy_from_mapping(
 ) -> Policy:
     """Apply a partial policy (parsed TOML) over `base` (the defaults)."""
     try:
-        overrides = _resolve_model(overrides)
+        overrides = _exact_counts_itself(_resolve_model(overrides))
     except ValueError as error:
         label = name or overrides.get("name") or (base or Policy()).name
         raise PolicyError(f"invalid policy {label!r}: {error}") from None
@@ -334,6 +335,16 @@ def _resolve_model(overrides: dict[str, Any]) -> dict[str, Any]:
         )
     overrides["tokenizer"] = {**section, "encoding": encoding}
     return overrides
+
+
+def _exact_counts_itself(overrides: dict[str, Any]) -> dict[str, Any]:
+    """An exact encoding set without an `exact_encoding` is its own: the policy then shows the
+    encoding it counts the window with (`model = "gpt-4o"`: o200k_base, not the default's)."""
+    section = overrides.get("tokenizer")
+    if (not isinstance(section, dict) or "exact_encoding" in section
+            or section.get("encoding") not in EXACT_TOKENIZERS):
+        return overrides
+    return {**overrides, "tokenizer": {**section, "exact_encoding": section["encoding"]}}
 
 
 def _encoding_for_model(model: object) -> str:

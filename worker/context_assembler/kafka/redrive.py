@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import RecordMetadata
 
 from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity
 from context_assembler.kafka.produce import check_topic
@@ -73,6 +74,7 @@ class RedriveReport:
     truncated: list[Letter]
     sent: bool
     next_start: dict[int, int]  # partition -> the offset after the last dead letter read
+    resent: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) on input
 
     def render(self, topic: str, max_redrives: int) -> list[str]:
         lines = []
@@ -120,7 +122,7 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
                                                                  request.security))
         spans = await reader.spans(request.dlq_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
-        sent: list[asyncio.Future[object]] = []
+        sent: list[asyncio.Future[RecordMetadata]] = []
         read = 0
         async for record in reader.read(request.dlq_topic, spans):
             letter = letter_of(Origin.from_record(record))
@@ -139,7 +141,8 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
             if request.count and read >= request.count:
                 break
         for delivery in sent:
-            await delivery
+            metadata = await delivery
+            report.resent.append((metadata.partition, metadata.offset))
     return report
 
 
