@@ -9,7 +9,7 @@ OUT    := out
 # The development broker's config, data and log (the docs' tests set their own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo dev wheel test test-unit test-lowest lint docs docs-serve check-docs docs-settings check check-deploy check-kubeconform prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo dev wheel test test-unit test-lowest lint docs docs-serve check-docs docs-settings check check-deploy check-kubeconform check-helm prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,7 @@ test-unit: $(DEV)  ## the tests that need no broker (about ten minutes on two co
 
 # The unit tests at the lowest versions pyproject.toml allows, so its floors stay true. Left out:
 # the schema-sync tests (schemas/ is generated with the pinned pydantic, whose JSON Schema output
-# differs in form, not in meaning, between releases) and the test that the pins are installed.
+# differs in form, not in meaning, between releases) and the tests that the pins are installed.
 LOWEST := .venv-lowest
 test-lowest: $(DEV)  ## unit tests at the lowest direct versions allowed
 	$(BIN)/pip install -q -c constraints.txt uv
@@ -54,7 +54,8 @@ test-lowest: $(DEV)  ## unit tests at the lowest direct versions allowed
 	VIRTUAL_ENV=$(LOWEST) $(BIN)/uv pip install -q --resolution lowest-direct -e '.[dev]'
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m 'not kafka' --ignore=tests/integration \
 	    --deselect tests/contract/test_generate.py \
-	    --deselect tests/deploy/test_image.py::test_every_runtime_dependency_is_pinned_in_constraints
+	    --deselect tests/deploy/test_image.py::test_every_runtime_dependency_is_pinned_in_constraints \
+	    --deselect tests/deploy/test_image.py::test_the_msk_iam_extra_is_pinned_and_in_dev
 
 lint: $(DEV)
 	$(BIN)/ruff check worker tests bench
@@ -84,9 +85,9 @@ $(MERMAID)/node_modules/.package-lock.json: $(MERMAID)/package.json $(MERMAID)/p
 # The operations artefacts, by their own ecosystems' tools: promtool (Debian's `prometheus`
 # package) checks the alert rules and runs their unit tests; the AsyncAPI parser (pinned in
 # tools/asyncapi/package-lock.json, installed by `npm ci`) validates schemas/asyncapi.yaml;
-# kubeconform validates the Kubernetes manifests (check-kubeconform).
+# kubeconform validates the Kubernetes manifests (check-kubeconform) and helm the chart (check-helm).
 ASYNCAPI := tools/asyncapi
-check-deploy: $(ASYNCAPI)/node_modules/.package-lock.json check-kubeconform  ## promtool, AsyncAPI, kubeconform
+check-deploy: $(ASYNCAPI)/node_modules/.package-lock.json check-kubeconform check-helm  ## promtool, AsyncAPI, kubeconform, helm
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts.test.yaml
 	node $(ASYNCAPI)/validate.mjs schemas/asyncapi.yaml
@@ -108,12 +109,29 @@ check-kubeconform: $(KUBECONFORM) $(DEV)  ## kubeconform over the k8s manifests
 $(KUBECONFORM):
 	GOBIN=$(abspath $(@D)) $(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
 
+# The Helm chart: `helm lint --strict` with each guarantee, then kubeconform over what `helm
+# template` renders with each set of values in tests/deploy/helm.py, then the test comparing
+# those renders with kustomize's, object by object. Helm is built at the pinned version from
+# the Go module proxy into .tools/ (a few minutes and about 1.3 GB of memory the first time).
+HELM_VERSION := v4.3.2
+HELM := .tools/helm-$(HELM_VERSION)/helm
+CHART := deploy/helm/context-assembler
+check-helm: $(HELM) $(KUBECONFORM) $(DEV)  ## helm lint, kubeconform and kustomize's twin
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) --set guarantee=exactly_once --set monitoring.enabled=true
+	$(BIN)/python -m tests.deploy.kubeconform --kubeconform $(KUBECONFORM) --helm $(HELM)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/deploy/test_helm.py
+
+$(HELM):
+	GOBIN=$(abspath $(@D)) $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+
 # The PrometheusRule carries alerts.yaml's groups as they stand: its own header (up to `spec:`),
 # then alerts.yaml from `groups:` on, indented under `spec:`.
 RULE := deploy/k8s/components/monitoring/prometheusrule.yaml
-prometheus-rule: deploy/prometheus/alerts.yaml  ## rewrite the PrometheusRule from alerts.yaml
+prometheus-rule: deploy/prometheus/alerts.yaml  ## rewrite the PrometheusRule (and the chart's copy) from alerts.yaml
 	{ sed -n '1,/^spec:$$/p' $(RULE); sed -n '/^groups:/,$$p' $< | sed 's/^./  &/'; } > $(RULE).tmp
 	mv $(RULE).tmp $(RULE)
+	cp $< $(CHART)/files/alerts.yaml
 
 schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
 	$(BIN)/python -m context_assembler.contract.generate

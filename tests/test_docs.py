@@ -45,6 +45,19 @@ CHECKED: dict[tuple[str, str], tuple[str, str]] = {
         "tests/integration/test_secured.py::test_the_cli_reads_the_same_settings",
         "needs a secured cluster: the tests' broker has a SASL_SSL listener read with these "
         "settings"),
+    ("docs/deploy.md", "### Render the chart"): (
+        "tests/deploy/test_deploy_docs.py::"
+        "test_the_render_block_lints_and_renders_the_exactly_once_chart",
+        "needs helm, which `make check-helm` builds in minutes (CI before the tests): that "
+        "test runs the block as written once it is built"),
+    ("docs/deploy.md", "### Install"): (
+        "tests/deploy/test_helm.py::test_the_chart_renders_what_kustomize_renders",
+        "needs a cluster: the chart's renders are compared with kustomize's and validated "
+        "with kubeconform"),
+    ("docs/secured-cluster.md", "## Amazon MSK with IAM"): (
+        "tests/kafka/test_msk_iam.py::test_the_settings_select_the_provider_for_every_client",
+        "needs an MSK cluster: the settings select AWS's signer, whose token is checked "
+        "offline"),
     ("docs/secured-cluster.md", "## Kubernetes"): (
         "tests/deploy/test_secured_manifests.py::"
         "test_every_pod_mounts_the_kafka_secret_read_only_and_optional",

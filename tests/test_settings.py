@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 # Each command as typed, with what it needs to parse (`command` -> its argv up to the flags).
 ARGV = {
     "assemble": ["assemble"], "explain": ["explain"], "sweep": ["sweep"], "worker": ["worker"],
-    "acls": ["acls", "--principal", "User:a"], "topics create": ["topics", "create"],
+    "acls": ["acls", "--principal", "User:a"], "topics": ["topics"],
+    "topics create": ["topics", "create"],
     "produce": ["produce"], "tail": ["tail", "prompts"], "replay": ["replay"],
     "serve": ["serve"], "policy": ["policy"], "redrive": ["redrive"],
 }
@@ -47,6 +48,7 @@ DOCUMENTED = {
     "policy": ["--policy", "--bootstrap-servers", "--policies-topic"],
     "redrive": ["--bootstrap-servers", "--dlq-topic", "--input-topic"],
     "acls": ["--bootstrap-servers"],
+    "topics": ["--bootstrap-servers"],
     "topics create": ["--bootstrap-servers"],
 }
 READS_EVENTS = ["assemble", "explain", "sweep", "worker", "replay", "serve"]

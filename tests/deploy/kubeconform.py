@@ -1,7 +1,9 @@
-"""kubeconform over everything deploy/k8s renders, offline: `make check-kubeconform` runs this.
+"""kubeconform over everything deploy/k8s renders, offline: `make check-kubeconform` runs this,
+and with --helm (`make check-helm`) over the Helm chart's renders instead.
 
 Each entry point (base and every overlay) is rendered by tests/deploy/kustomize.py on its own
-and with each component it does not already include, as a user's kustomization would add it.
+and with each component it does not already include, as a user's kustomization would add it;
+the chart by `helm template` with each set of values in tests/deploy/helm.py.
 kubeconform -strict then checks every object, for each Kubernetes version below, against
 schemas written here from offline copies (kubeconform cannot download them here):
 
@@ -29,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from tests.deploy import kustomize
+from tests.deploy import helm, kustomize
 from tests.deploy.kustomize import Object
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
@@ -140,14 +142,24 @@ def renders(k8s: Path, work: Path) -> dict[str, list[Object]]:
     return rendered
 
 
-def check(kubeconform: str, k8s: Path) -> int:
-    """Render, write the schemas, run kubeconform for each version; its exit code (or 1 when
-    its summary does not account for every object as valid)."""
+def chart_renders(helm_binary: str, chart: Path) -> dict[str, list[Object]]:
+    """The chart's objects with each set of values in helm.CASES."""
+    return {f"helm-{name}": helm.render(helm_binary, *args, chart=chart)
+            for name, args in helm.CASES.items()}
+
+
+def check(kubeconform: str, k8s: Path, helm_binary: str | None = None,
+          chart: Path = helm.CHART) -> int:
+    """Render (the chart with `helm_binary`, else the kustomizations), write the schemas, run
+    kubeconform for each version; its exit code (or 1 when its summary does not account for
+    every object as valid)."""
     with tempfile.TemporaryDirectory(prefix="kubeconform-") as tmp:
         work = Path(tmp)
         manifests: list[str] = []
         objects: list[Object] = []
-        for name, rendered in renders(k8s, work).items():
+        rendered_sets = (chart_renders(helm_binary, chart) if helm_binary is not None
+                         else renders(k8s, work))
+        for name, rendered in rendered_sets.items():
             path = work / "manifests" / f"{name}.yaml"
             path.parent.mkdir(exist_ok=True)
             path.write_text(yaml.safe_dump_all(rendered, sort_keys=False), encoding="utf-8")
@@ -180,10 +192,12 @@ def check(kubeconform: str, k8s: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--kubeconform", default="kubeconform", help="the kubeconform binary")
+    parser.add_argument("--helm", help="the helm binary: check the chart's renders instead")
+    parser.add_argument("--chart", type=Path, default=helm.CHART, help="the chart (with --helm)")
     parser.add_argument("k8s", nargs="?", type=Path, default=K8S,
                         help="the folder holding base/, overlays/ and components/")
     args = parser.parse_args(argv)
-    return check(args.kubeconform, args.k8s)
+    return check(args.kubeconform, args.k8s, args.helm, args.chart)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The subset of kustomize that deploy/k8s uses, so the tests read the objects `kubectl apply -k`
 would apply without needing the kustomize binary: resources (files and directories),
-configMapGenerator (files, envs), generatorOptions labels, components (images, resource files),
-images, and patches that delete an object or JSON-patch one. Anything else in a kustomization fails the render, and
+configMapGenerator (files, envs), generatorOptions labels, components (images, resource files,
+patches), images, and patches that delete an object or JSON-patch one. Anything else in a kustomization fails the render, and
 `test_manifests` compares this render with `kubectl kustomize` wherever kubectl is installed.
 
 Generated ConfigMaps keep their plain names here; kustomize appends a hash of their content
@@ -82,13 +82,15 @@ def render(directory: Path) -> list[Object]:
     for entry in doc.get("components", []):
         component = kustomization(directory / entry)
         assert component["kind"] == "Component", f"{entry} is not a Component"
-        assert set(component) <= {"apiVersion", "kind", "images", "resources"}, (
-            f"{entry}: only images and resource files"
+        assert set(component) <= {"apiVersion", "kind", "images", "resources", "patches"}, (
+            f"{entry}: only images, resource files and patches"
         )
         images.extend(component.get("images", []))
         for name in component.get("resources", []):
             assert (directory / entry / name).is_file(), f"{entry}: resource {name} is not a file"
             objects.extend(load_yaml(directory / entry / name))
+        for patch in component.get("patches", []):
+            objects = _apply_patch(objects, patch, directory / entry)
     for image in images:
         for container in containers(objects):
             name = re.split(r"[:@]", container["image"], maxsplit=1)[0]

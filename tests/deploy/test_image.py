@@ -187,11 +187,20 @@ def test_the_image_installs_the_runtime_dependencies_only(
     assert redirect and target.strip().split()[0] == "requirements.txt"
     (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
     argv = shlex.split(command)
+    environment = {name: value for name, value in os.environ.items() if name != "EXTRAS"}
     result = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=60, check=True)
+                            text=True, timeout=60, check=True, env=environment)
     assert result.stdout.splitlines() == PYPROJECT["project"]["dependencies"]
     names = {canonicalize_name(Requirement(line).name) for line in result.stdout.splitlines()}
     assert "matplotlib" not in names
+    # --build-arg EXTRAS=msk-iam (a build argument is a RUN's environment variable).
+    assert "EXTRAS" in build_stage.args("ARG")[0]
+    result = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, check=True,
+                            env={**environment, "EXTRAS": "msk-iam"})
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert result.stdout.splitlines() == [*PYPROJECT["project"]["dependencies"],
+                                          *extras["msk-iam"]]
 
 
 def test_dockerfile_copies_only_existing_paths(stages: list[Stage]) -> None:
@@ -296,12 +305,12 @@ def _pins() -> dict[str, str]:
     return pins
 
 
-def test_every_runtime_dependency_is_pinned_in_constraints() -> None:
-    """The image installs [project].dependencies under constraints.txt: every package that
-    pulls in (for this interpreter) must have its pin, or the image gets whatever is newest."""
+def _assert_pinned(requirements: list[str]) -> set[str]:
+    """Every package `requirements` pull in (for this interpreter) has its pin in
+    constraints.txt, the version installed here; their names."""
     pins = _pins()
     seen: set[str] = set()
-    todo = [(Requirement(line), {""}) for line in PYPROJECT["project"]["dependencies"]]
+    todo = [(Requirement(line), {""}) for line in requirements]
     while todo:
         requirement, extras = todo.pop()  # extras: those of the requirement that named it
         name = canonicalize_name(requirement.name)
@@ -314,8 +323,24 @@ def test_every_runtime_dependency_is_pinned_in_constraints() -> None:
         assert pins[name] == installed, f"{name}: pinned {pins[name]}, tested with {installed}"
         todo.extend((Requirement(r), {"", *requirement.extras})
                     for r in metadata.requires(requirement.name) or ())
+    return seen
+
+
+def test_every_runtime_dependency_is_pinned_in_constraints() -> None:
+    """The image installs [project].dependencies under constraints.txt: every package that
+    pulls in (for this interpreter) must have its pin, or the image gets whatever is newest."""
+    seen = _assert_pinned(PYPROJECT["project"]["dependencies"])
     assert "cramjam" in seen, "aiokafka's codec extras (snappy, lz4, zstd) are installed"
-    assert {"pip", "setuptools"} <= set(pins), "the image's pip and build backend are pinned"
+    assert {"pip", "setuptools"} <= set(_pins()), "the image's pip and build backend are pinned"
+
+
+def test_the_msk_iam_extra_is_pinned_and_in_dev() -> None:
+    """AWS's signer and what it pulls in (boto3, botocore) are pinned like the runtime, and
+    dev installs them, so its tests run."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    seen = _assert_pinned(extras["msk-iam"])
+    assert {"aws-msk-iam-sasl-signer-python", "boto3", "botocore"} <= seen
+    assert Requirement("context-assembler[msk-iam]") in {Requirement(r) for r in extras["dev"]}
 
 
 def test_matplotlib_is_the_charts_extra_which_dev_includes() -> None:

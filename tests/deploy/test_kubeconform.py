@@ -38,7 +38,8 @@ pytestmark = pytest.mark.skipif(
 def test_the_manifests_pass_and_every_object_is_counted() -> None:
     result = _make("check-kubeconform")
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in ("base", "exactly-once", "base+monitoring", "exactly-once+monitoring"):
+    for name in ("base", "exactly-once", "base+monitoring", "exactly-once+monitoring",
+                 "base+strimzi-topics", "exactly-once+strimzi-topics"):
         assert f"\n{name}: " in f"\n{result.stdout}"
     assert result.stdout.count("Invalid: 0, Errors: 0, Skipped: 0") == 2
 
@@ -52,9 +53,11 @@ def test_the_manifests_pass_and_every_object_is_counted() -> None:
      "ScaledObject context-assembler is invalid"),
     ("components/monitoring/podmonitor.yaml", "podMetricsEndpoints:", "podMetricEndpoints:",
      "PodMonitor context-assembler is invalid"),
+    ("components/strimzi-topics/kafkatopics.yaml", "  replicas: 3", "  replica: 3",
+     "KafkaTopic retrieval.results is invalid"),
     ("base/pdb.yaml", "apiVersion: policy/v1", "apiVersion: policy/v1beta7",
      "could not find schema for PodDisruptionBudget"),
-], ids=["built-in", "keda-crd", "keda-type", "component", "no-schema"])
+], ids=["built-in", "keda-crd", "keda-type", "component", "strimzi-crd", "no-schema"])
 def test_a_wrong_field_fails_the_check(tmp_path: Path, file: str, old: str, new: str,
                                        complaint: str) -> None:
     copy = tmp_path / "k8s"

@@ -283,8 +283,8 @@ def image_user() -> tuple[int, int]:
 
 def test_every_file_under_deploy_k8s_is_used() -> None:
     used: set[Path] = set()
-    for directory in [*(path for path, _, _ in ENTRY_POINTS.values()),
-                      K8S / "components" / "image", K8S / "components" / "monitoring"]:
+    components = [path.parent for path in (K8S / "components").glob("*/kustomization.yaml")]
+    for directory in [*(path for path, _, _ in ENTRY_POINTS.values()), *components]:
         doc = kustomize.kustomization(directory)
         used.add(directory / "kustomization.yaml")
         for entry in doc.get("resources", []):

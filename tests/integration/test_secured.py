@@ -146,6 +146,9 @@ def failed_start(secured: SecuredBroker, tmp_path: Path, env: dict[str, str]) ->
     ("wrong mechanism", "does not accept ASSEMBLER_SASL_MECHANISM=SCRAM-SHA-256"),
     ("untrusted certificate", "is not trusted: self-signed certificate in certificate chain"),
     ("no client certificate", "closed the connection"),
+    ("refused oauthbearer token", "did not accept the OAUTHBEARER token"),
+    # AWS's signer, the worker's real handshake: the broker (no MSK) refuses the signed token.
+    ("msk iam token", "check the IAM policy of the process's AWS identity"),
 ])
 async def test_a_refused_connection_stops_the_worker_at_start_with_one_line_naming_the_fix(
     secured: SecuredBroker, tmp_path: Path, case: str, expected: str,
@@ -156,6 +159,11 @@ async def test_a_refused_connection_stops_the_worker_at_start_with_one_line_nami
         env = scram_env(secured, tmp_path, ASSEMBLER_SASL_MECHANISM="SCRAM-SHA-256")
     elif case == "untrusted certificate":
         env = scram_env(secured, tmp_path, ASSEMBLER_SSL_CA_FILE=str(secured.certs.other_ca))
+    elif case == "refused oauthbearer token":
+        env = oauth_env(secured, tmp_path)
+        Path(env["ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE"]).write_text("not-a-jwt\n")
+    elif case == "msk iam token":
+        env = msk_iam_env(secured, tmp_path)
     else:
         env = {**mtls_env(secured), "ASSEMBLER_SSL_CERT_FILE": "", "ASSEMBLER_SSL_KEY_FILE": ""}
     text = failed_start(secured, tmp_path, env)
@@ -163,6 +171,26 @@ async def test_a_refused_connection_stops_the_worker_at_start_with_one_line_nami
     assert len(problems) == 1, text
     assert expected in problems[0]
     assert "not-the-password" not in text
+    assert FAKE_AWS_SECRET not in text
+
+
+FAKE_AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example
+
+
+def msk_iam_env(broker: SecuredBroker, tmp_path: Path) -> dict[str, str]:
+    """Amazon MSK's IAM login with AWS's example credentials, at DEBUG, nothing else for
+    botocore to find or ask."""
+    return {"ASSEMBLER_SECURITY_PROTOCOL": "SASL_SSL",
+            "ASSEMBLER_SASL_MECHANISM": "OAUTHBEARER",
+            "ASSEMBLER_SASL_OAUTH_PROVIDER": "aws_msk_iam",
+            "ASSEMBLER_AWS_REGION": "eu-west-1",
+            "ASSEMBLER_SSL_CA_FILE": str(broker.certs.ca),
+            "ASSEMBLER_LOG_LEVEL": "DEBUG",
+            "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+            "AWS_SECRET_ACCESS_KEY": FAKE_AWS_SECRET,
+            "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true"}
 
 
 @pytest.mark.parametrize("missing", ["audit topic", "group"])

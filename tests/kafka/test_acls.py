@@ -6,12 +6,16 @@ import re
 import shlex
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
 from context_assembler.cli.main import main
 from context_assembler.kafka.acls import worker_acls
 from context_assembler.settings import Settings
+from tests.deploy import kustomize
+from tests.deploy.kubeconform import strict_schema
+from tests.deploy.test_manifests import SCHEMAS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "secured-cluster.md"
 
@@ -78,8 +82,16 @@ def test_the_strimzi_user_grants_the_same_acls(
     assert main(["acls", "--principal", "User:CN=svc", "--format", "strimzi",
                  "--strimzi-cluster", "prod"]) == 0
     user = yaml.safe_load(capsys.readouterr().out)
-    assert user["kind"] == "KafkaUser" and user["apiVersion"] == "kafka.strimzi.io/v1beta2"
+    assert user["kind"] == "KafkaUser" and user["apiVersion"] == "kafka.strimzi.io/v1"
     assert user["metadata"] == {"name": "svc", "labels": {"strimzi.io/cluster": "prod"}}
+    # Strimzi's own CRD (1.2.0, which serves v1 only) accepts it.
+    (crd,) = kustomize.load_yaml(SCHEMAS / "kafka.strimzi.io_kafkausers.yaml")
+    (version,) = crd["spec"]["versions"]
+    assert f"{crd['spec']['group']}/{version['name']}" == user["apiVersion"]
+    schema = strict_schema(version["schema"]["openAPIV3Schema"])
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(user)) == []
+    broken = kustomize.altered(user, ("spec", "authentication", "type"), "scram-sha-256")
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(broken))
     assert user["spec"]["authentication"] == {"type": "tls"}  # User:CN=svc: a certificate
     granted = {(a["resource"]["type"], a["resource"]["name"], a["resource"]["patternType"], op)
                for a in user["spec"]["authorization"]["acls"] for op in a["operations"]}

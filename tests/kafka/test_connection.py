@@ -90,7 +90,7 @@ def test_a_key_that_is_not_the_certificates_is_refused_at_load(
     ({"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "u"},
      "needs one of ASSEMBLER_SASL_PASSWORD or ASSEMBLER_SASL_PASSWORD_FILE"),
     ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER"},
-     "needs ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE"),
+     "needs one of ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE or ASSEMBLER_SASL_OAUTH_PROVIDER"),
     ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
       "sasl_password": PASSWORD, "ssl_check_hostname": "false"},
      "ASSEMBLER_SSL_CHECK_HOSTNAME needs ASSEMBLER_SECURITY_PROTOCOL SSL or SASL_SSL"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shlex
 import urllib.error
 import urllib.request
 from typing import Any, ClassVar
@@ -53,16 +54,16 @@ def test_fewer_than_three_replicas_keep_the_brokers_min_insync_replicas(
 
 def test_the_asyncapi_file_describes_the_topics_topics_create_makes() -> None:
     """Its Kafka bindings state the defaults of the settings and of `topics create`."""
+    from context_assembler.cli.kafka import topic_sizes
     from context_assembler.cli.main import build_parser
     from context_assembler.contract.generate import asyncapi
 
     document = asyncapi()
-    defaults = build_parser().parse_args(["topics", "create"])
+    defaults = topic_sizes(build_parser().parse_args(["topics", "create"]))
     settings = Settings()
     (server,) = document["servers"].values()
     assert server["variables"]["bootstrapServers"]["default"] == settings.bootstrap_servers
-    specs = {spec.name: spec for spec in worker_topics(settings, defaults.partitions,
-                                                       defaults.replication_factor)}
+    specs = {spec.name: spec for spec in worker_topics(settings, *defaults)}
     assert set(document["channels"]) == set(specs)
     for name, channel in document["channels"].items():
         binding = channel["bindings"]["kafka"]
@@ -203,13 +204,39 @@ def test_an_unreachable_broker_is_one_line_and_exit_2(
                    "(bootstrap servers: --bootstrap-servers or ASSEMBLER_BOOTSTRAP_SERVERS)\n")
 
 
-def test_topics_create_takes_partitions_and_replication_factor() -> None:
+@pytest.mark.parametrize(("argv", "sizes"), [
+    (["topics", "create"], (6, 1)),
+    (["topics", "create", "--partitions", "3", "--replication-factor", "2"], (3, 2)),
+    # Before the subcommand too: its parser's defaults must not overwrite them.
+    (["topics", "--partitions", "3", "--replication-factor", "2", "create"], (3, 2)),
+    (["topics", "--partitions", "4", "--format", "strimzi"], (4, 1)),
+])
+def test_topics_take_partitions_and_replication_factor(argv: list[str],
+                                                        sizes: tuple[int, int]) -> None:
+    from context_assembler.cli.kafka import topic_sizes
     from context_assembler.cli.main import build_parser
 
-    args = build_parser().parse_args(["topics", "create"])
-    assert (args.partitions, args.replication_factor) == (6, 1)
+    assert topic_sizes(build_parser().parse_args(argv)) == sizes
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["topics", "create", "--partitions", "0"])
+        build_parser().parse_args([*argv, "--partitions", "0"])
+
+
+def test_topics_prints_the_kafka_topics_commands_of_what_create_makes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["topics", "--bootstrap-servers", "kafka:9093", "--partitions", "3",
+                 "--replication-factor", "3", "--policies-topic", "my policies"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    specs = worker_topics(Settings(policies_topic="my policies"), 3, 3)
+    assert len(lines) == len(specs)
+    for line, spec in zip(lines, specs, strict=True):
+        words = shlex.split(line)  # a name with a space stays one word
+        assert words[:8] == ["kafka-topics", "--bootstrap-server", "kafka:9093",
+                             "--command-config", "admin.properties", "--create", "--topic",
+                             spec.name]
+        assert words[8:12] == ["--partitions", "3", "--replication-factor", "3"]
+        configs = dict(word.split("=", 1) for word in words[13::2])
+        assert words[12::2] == ["--config"] * len(spec.configs) and configs == spec.configs
 
 
 def test_ready_gives_first_the_reason_an_operator_must_fix() -> None:

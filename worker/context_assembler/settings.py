@@ -11,6 +11,7 @@ Invalid settings fail at start with one message naming each bad one by variable 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Iterator, Mapping
 from copy import copy
@@ -41,6 +42,9 @@ MIN_MESSAGE_BYTES = 16_384
 # aiokafka compresses and decodes snappy, lz4 and zstd with cramjam, its codec extras.
 CODEC_PACKAGE = "cramjam"
 INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
+# Amazon MSK's IAM login: AWS's signer, the msk-iam extra (it pulls in boto3).
+MSK_IAM_PACKAGE = "aws_msk_iam_sasl_signer"
+MSK_IAM_INSTALL = "pip install 'context-assembler[msk-iam]'"
 # The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off):
 # exactly_once, 50 ms: against back-to-back rounds, a sixth less CPU at 100 events/s for 27 ms
 # more latency, and no more latency at 150 events/s, where a round takes longer anyway (against
@@ -247,6 +251,13 @@ class Settings(BaseSettings):
         default=None, description="OAUTHBEARER: the token's file, read again whenever the "
         "client authenticates, so a token rotated in place (a projected service-account "
         "token, a sidecar) is picked up.")
+    sasl_oauth_provider: Literal["aws_msk_iam"] | None = Field(
+        default=None, description="OAUTHBEARER without a token file: aws_msk_iam signs Amazon "
+        "MSK's IAM tokens with the AWS credentials the process finds (its IAM role, AWS_* "
+        "variables); needs the msk-iam extra and aws_region.")
+    aws_region: str | None = Field(
+        default=None, description="aws_msk_iam: the AWS region of the MSK cluster, e.g. "
+        "eu-west-1.")
     ssl_ca_file: Path | None = Field(
         default=None, description="PEM CA bundle; default: the system's trusted CAs.")
     ssl_cert_file: Path | None = Field(
@@ -274,11 +285,19 @@ class Settings(BaseSettings):
 
     @field_validator("commit_interval_ms", "group_instance_id", "sasl_mechanism",
                      "sasl_username", "sasl_password", "sasl_password_file",
-                     "sasl_oauthbearer_token_file", "ssl_ca_file", "ssl_cert_file",
-                     "ssl_key_file", "ssl_key_password_file", mode="before")
+                     "sasl_oauthbearer_token_file", "sasl_oauth_provider", "aws_region",
+                     "ssl_ca_file", "ssl_cert_file", "ssl_key_file", "ssl_key_password_file",
+                     mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return value.strip() or None if isinstance(value, str) else value
+
+    @field_validator("sasl_oauth_provider")
+    @classmethod
+    def _signer_installed(cls, value: str | None) -> str | None:
+        if value == "aws_msk_iam" and importlib.util.find_spec(MSK_IAM_PACKAGE) is None:
+            raise ValueError(f"aws_msk_iam needs AWS's signer ({MSK_IAM_INSTALL})")
+        return value
 
     @field_validator("sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
                      "ssl_cert_file", "ssl_key_file", "ssl_key_password_file")
@@ -352,7 +371,8 @@ def security_problems(settings: Settings) -> list[str]:
     if sasl and mechanism is None:
         problems.append(f"ASSEMBLER_SECURITY_PROTOCOL={protocol} needs ASSEMBLER_SASL_MECHANISM")
     sasl_given = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password",
-                                    "sasl_password_file", "sasl_oauthbearer_token_file")
+                                    "sasl_password_file", "sasl_oauthbearer_token_file",
+                                    "sasl_oauth_provider")
                   if getattr(settings, name) is not None]
     if not sasl and sasl_given:
         problems.append(f"ASSEMBLER_{sasl_given[0].upper()} needs ASSEMBLER_SECURITY_PROTOCOL "
@@ -370,27 +390,40 @@ def security_problems(settings: Settings) -> list[str]:
     if settings.ssl_key_password_file is not None and settings.ssl_key_file is None:
         problems.append("ASSEMBLER_SSL_KEY_PASSWORD_FILE needs ASSEMBLER_SSL_KEY_FILE")
     if sasl and mechanism == "OAUTHBEARER":
-        if settings.sasl_oauthbearer_token_file is None:
-            problems.append("ASSEMBLER_SASL_MECHANISM=OAUTHBEARER needs "
-                            "ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE")
+        if (settings.sasl_oauthbearer_token_file is None) == (settings.sasl_oauth_provider
+                                                              is None):
+            problems.append("ASSEMBLER_SASL_MECHANISM=OAUTHBEARER needs one of "
+                            "ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE or "
+                            "ASSEMBLER_SASL_OAUTH_PROVIDER")
         if settings.sasl_username or settings.sasl_password or settings.sasl_password_file:
             problems.append("ASSEMBLER_SASL_MECHANISM=OAUTHBEARER takes a token file, not "
                             "ASSEMBLER_SASL_USERNAME or a password")
+        if settings.sasl_oauth_provider == "aws_msk_iam":
+            if not settings.aws_region:
+                problems.append("ASSEMBLER_SASL_OAUTH_PROVIDER=aws_msk_iam needs "
+                                "ASSEMBLER_AWS_REGION")
+            if protocol != "SASL_SSL":  # MSK's IAM listener is TLS only
+                problems.append("ASSEMBLER_SASL_OAUTH_PROVIDER=aws_msk_iam needs "
+                                f"ASSEMBLER_SECURITY_PROTOCOL=SASL_SSL (it is {protocol})")
     elif sasl and mechanism is not None:
         if not settings.sasl_username:
             problems.append(f"ASSEMBLER_SASL_MECHANISM={mechanism} needs ASSEMBLER_SASL_USERNAME")
         if (settings.sasl_password is None) == (settings.sasl_password_file is None):
             problems.append(f"ASSEMBLER_SASL_MECHANISM={mechanism} needs one of "
                             "ASSEMBLER_SASL_PASSWORD or ASSEMBLER_SASL_PASSWORD_FILE")
-        if settings.sasl_oauthbearer_token_file is not None:
-            problems.append("ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE needs "
-                            "ASSEMBLER_SASL_MECHANISM=OAUTHBEARER")
+        for name in ("sasl_oauthbearer_token_file", "sasl_oauth_provider"):
+            if getattr(settings, name) is not None:
+                problems.append(f"ASSEMBLER_{name.upper()} needs "
+                                "ASSEMBLER_SASL_MECHANISM=OAUTHBEARER")
+    if settings.aws_region and settings.sasl_oauth_provider != "aws_msk_iam":
+        problems.append("ASSEMBLER_AWS_REGION needs ASSEMBLER_SASL_OAUTH_PROVIDER=aws_msk_iam")
     return problems
 
 
 # Which settings each command reads: the command line offers the flags of these.
 _SECURITY = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
-             "sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
+             "sasl_password_file", "sasl_oauthbearer_token_file", "sasl_oauth_provider",
+             "aws_region", "ssl_ca_file",
              "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", "ssl_check_hostname")
 _KAFKA = ("bootstrap_servers", *_SECURITY)
 _TOPICS = ("input_topic", "prompts_topic", "audit_topic", "dlq_topic", "policies_topic")
@@ -405,6 +438,7 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     "worker": tuple(name for name in Settings.model_fields if name not in _SERVING),
     "acls": ("bootstrap_servers", *_TOPICS, "group_id", "processing_guarantee",
              "transactional_id"),
+    "topics": ("bootstrap_servers", *_TOPICS, "max_message_bytes"),
     "topics create": (*_KAFKA, *_TOPICS, "max_message_bytes"),
     "produce": (*_KAFKA, "input_topic", "prompts_topic", "dlq_topic", "compression_type",
                 "max_message_bytes"),

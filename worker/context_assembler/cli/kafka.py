@@ -73,6 +73,33 @@ def quiet_kafka_client() -> None:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
+DEFAULT_PARTITIONS = 6
+DEFAULT_REPLICATION_FACTOR = 1
+
+
+def topic_sizes(args: argparse.Namespace) -> tuple[int, int]:
+    """--partitions and --replication-factor, or their defaults."""
+    return (getattr(args, "partitions", DEFAULT_PARTITIONS),
+            getattr(args, "replication_factor", DEFAULT_REPLICATION_FACTOR))
+
+
+@command
+def cmd_topics_print(args: argparse.Namespace, settings: Settings) -> int:
+    """topics [--format strimzi]: the topics `topics create` would create, printed."""
+    from context_assembler.kafka.topics import (
+        kafka_topics_commands,
+        strimzi_kafka_topics,
+        worker_topics,
+    )
+
+    specs = worker_topics(settings, *topic_sizes(args))
+    if args.format == "strimzi":
+        print(strimzi_kafka_topics(specs, args.strimzi_cluster))
+    else:
+        print("\n".join(kafka_topics_commands(specs, settings.bootstrap_servers)))
+    return 0
+
+
 @command
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     """topics create: exit 0 when every topic is created or exists as specified, 1 when
@@ -83,7 +110,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     from context_assembler.kafka.topics import create_topics, worker_topics
 
     quiet_kafka_client()
-    specs = worker_topics(settings, args.partitions, args.replication_factor)
+    specs = worker_topics(settings, *topic_sizes(args))
     reports = asyncio.run(create_topics(settings.bootstrap_servers, specs,
                                         kafka_security(settings)))
     for report in reports:

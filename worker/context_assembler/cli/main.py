@@ -114,15 +114,31 @@ def _add_acls(commands: Commands) -> None:
                         help="the KafkaUser's strimzi.io/cluster label (default: my-cluster)")
 
 
+def _add_topic_sizes(parser: argparse.ArgumentParser) -> None:
+    """--partitions and --replication-factor, given before or after `create` alike: a
+    default would let the subcommand's parser overwrite one given before it."""
+    parser.add_argument("--partitions", type=positive, default=argparse.SUPPRESS,
+                        help=f"default: {kafka.DEFAULT_PARTITIONS}")
+    parser.add_argument("--replication-factor", type=positive, default=argparse.SUPPRESS,
+                        help=f"default: {kafka.DEFAULT_REPLICATION_FACTOR}")
+
+
 def _add_topics(commands: Commands) -> None:
-    topics = commands.add_parser("topics", help="the worker's topics")
-    topics_commands = topics.add_subparsers(dest="topics_command", required=True)
+    topics = _command(
+        commands, "topics", kafka.cmd_topics_print,
+        help="the worker's topics, printed for others to create: kafka-topics commands or "
+        "Strimzi KafkaTopics (nothing is sent to the broker)")
+    topics.add_argument("--format", choices=["kafka-topics", "strimzi"], default="kafka-topics",
+                        help="kafka-topics commands (the default) or Strimzi KafkaTopic resources")
+    topics.add_argument("--strimzi-cluster", default="my-cluster",
+                        help="the KafkaTopics' strimzi.io/cluster label (default: my-cluster)")
+    _add_topic_sizes(topics)
+    topics_commands = topics.add_subparsers(dest="topics_command")
     create = _command(
         topics_commands, "create", kafka.cmd_topics,
         help="create the worker's topics; exit 1 if one exists with other partitions, "
         "replication factor or configs", reads="topics create")
-    create.add_argument("--partitions", type=positive, default=6, help="default: 6")
-    create.add_argument("--replication-factor", type=positive, default=1, help="default: 1")
+    _add_topic_sizes(create)
 
 
 def _add_produce(commands: Commands) -> None:

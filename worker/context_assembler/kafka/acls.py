@@ -69,13 +69,14 @@ _STRIMZI_TYPES = {"TOPIC": "topic", "GROUP": "group", "TRANSACTIONAL_ID": "trans
 
 def strimzi_kafka_user(principal: str, acls: list[Acl], cluster: str) -> str:
     """A Strimzi KafkaUser granting the same ACLs. Strimzi names the principal after the
-    user: User:NAME authenticates with SCRAM-SHA-512, User:CN=NAME with a TLS certificate."""
+    user: User:NAME authenticates with SCRAM-SHA-512, User:CN=NAME with a TLS certificate.
+    kafka.strimzi.io/v1, as the KafkaTopics `topics --format strimzi` prints."""
     name = principal.removeprefix("User:")
     authentication = "scram-sha-512"
     if name.startswith("CN="):
         name, authentication = name.removeprefix("CN="), "tls"
     lines = [
-        "apiVersion: kafka.strimzi.io/v1beta2",
+        "apiVersion: kafka.strimzi.io/v1",  # Strimzi 0.49 and later (1.0 serves only v1)
         "kind: KafkaUser",
         "metadata:",
         f"  name: {_yaml(name)}",

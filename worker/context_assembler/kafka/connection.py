@@ -4,7 +4,8 @@ Every client (the faust app, the exactly_once consumer and producers, the admin 
 the CLI's readers and producers) takes `KafkaSecurity.client_args()`, so a cluster that
 needs TLS or SASL is reached the same way by all of them. Secrets stay in SecretStr until
 the client needs them; the password file is read at start, the OAUTHBEARER token file each
-time a connection authenticates.
+time a connection authenticates (or, for Amazon MSK's IAM login, a token is signed:
+context_assembler.kafka.msk_iam).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
     UnsupportedSaslMechanismError,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 from pydantic import SecretStr
 
 from context_assembler.settings import Settings, SettingsError
@@ -60,7 +62,7 @@ class KafkaSecurity:
     mechanism: str | None = None
     username: str | None = None
     password: SecretStr | None = None
-    token_file: TokenFile | None = None
+    token_provider: AbstractTokenProvider | None = None  # OAUTHBEARER
     ssl_context: ssl.SSLContext | None = None
 
     def client_args(self) -> dict[str, Any]:
@@ -74,16 +76,17 @@ class KafkaSecurity:
             args["sasl_plain_username"] = self.username
         if self.password is not None:
             args["sasl_plain_password"] = self.password.get_secret_value()
-        if self.token_file is not None:
-            args["sasl_oauth_token_provider"] = self.token_file
+        if self.token_provider is not None:
+            args["sasl_oauth_token_provider"] = self.token_provider
         return args
 
     def faust_credentials(self) -> Any:
         """faust's broker_credentials for the same connection (None: plaintext)."""
         import faust
 
-        if self.token_file is not None:
-            return faust.OAuthCredentials(oauth_cb=self.token_file, ssl_context=self.ssl_context)
+        if self.token_provider is not None:
+            return faust.OAuthCredentials(oauth_cb=self.token_provider,
+                                          ssl_context=self.ssl_context)
         if self.mechanism is not None:
             password = self.password.get_secret_value() if self.password else None
             return faust.SASLCredentials(username=self.username, password=password,
@@ -99,6 +102,8 @@ class KafkaSecurity:
             described += f" {self.mechanism}"
         if self.username:
             described += f" as {self.username}"
+        if self.token_provider is not None:
+            described += f" with {self.token_provider!r}"
         return described
 
 
@@ -116,10 +121,19 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
         mechanism=settings.sasl_mechanism if sasl else None,
         username=settings.sasl_username if sasl else None,
         password=_password(settings) if sasl else None,
-        token_file=(TokenFile(settings.sasl_oauthbearer_token_file)
-                    if sasl and settings.sasl_oauthbearer_token_file else None),
+        token_provider=_token_provider(settings) if sasl else None,
         ssl_context=_ssl_context(settings) if protocol.endswith("SSL") else None,
     )
+
+
+def _token_provider(settings: Settings) -> AbstractTokenProvider | None:
+    if settings.sasl_oauthbearer_token_file is not None:
+        return TokenFile(settings.sasl_oauthbearer_token_file)
+    if settings.sasl_oauth_provider == "aws_msk_iam" and settings.aws_region:
+        from context_assembler.kafka.msk_iam import MskIamTokenProvider
+
+        return MskIamTokenProvider(settings.aws_region)
+    return None
 
 
 def _password(settings: Settings) -> SecretStr | None:
@@ -174,6 +188,11 @@ async def connection_problem(servers: str, security: KafkaSecurity) -> str | Non
     report as they always have). aiokafka itself only logs the cause and retries."""
     host, _, port = servers.split(",")[0].strip().rpartition(":")
     settings = "ASSEMBLER_SASL_USERNAME and ASSEMBLER_SASL_PASSWORD or _PASSWORD_FILE"
+    if isinstance(security.token_provider, TokenFile):
+        settings = "the token in ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE"
+    elif security.token_provider is not None:  # Amazon MSK's IAM login
+        settings = ("the IAM policy of the process's AWS identity (kafka-cluster:Connect on "
+                    "this cluster), ASSEMBLER_AWS_REGION")
     try:
         connection = await create_conn(host, int(port), request_timeout_ms=10_000,
                                        **security.client_args())
@@ -199,8 +218,25 @@ async def connection_problem(servers: str, security: KafkaSecurity) -> str | Non
                 "client certificate")
     except (OSError, TimeoutError, ValueError):
         return None
-    connection.close()
+    try:
+        if security.token_provider is not None and not await _lists_brokers(connection):
+            return (f"the broker at {servers} did not accept the OAUTHBEARER token "
+                    f"({security.describe()}): check {settings}")
+    finally:
+        connection.close()
     return None
+
+
+async def _lists_brokers(connection: Any) -> bool:
+    """Whether the broker answers this connection's metadata request with its brokers.
+    aiokafka does not read a broker's refusal of an OAUTHBEARER token (the error challenge
+    it answers in place of a success): the connection seems open, but a broker that refused
+    the token lists no broker, which no authenticated client ever sees."""
+    try:
+        response = await connection.send(MetadataRequest([]))
+    except (KafkaError, OSError, TimeoutError):
+        return True  # another problem, which the callers report as they always have
+    return bool(response.brokers)
 
 
 async def start_up_problem(servers: str, security: KafkaSecurity, topics: list[str],

@@ -4,12 +4,18 @@ The worker never creates topics (a misspelt name would silently become a new top
 operations create them with this command: `make broker-start`, docker-compose's `topics`
 job and the Kubernetes Job all run it. Creating is idempotent; a topic that exists with
 other partitions or configs is reported, never altered (that needs an operator's choice).
+`context-assembler topics` prints the same topics for others to create: `kafka-topics`
+commands, or Strimzi KafkaTopic resources for its Topic Operator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
+import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +101,70 @@ def worker_topics(settings: Settings, partitions: int, replication_factor: int) 
         spec(settings.dlq_topic, LONG_RETENTION_MS),
         spec(settings.policies_topic, LONG_RETENTION_MS, **{"cleanup.policy": "compact"}),
     ]
+
+
+def kafka_topics_commands(specs: list[TopicSpec], bootstrap_servers: str) -> list[str]:
+    """`kafka-topics --create` commands, one per topic, run by an admin principal (its client
+    settings in admin.properties)."""
+    commands = []
+    for spec in specs:
+        words = ["kafka-topics", "--bootstrap-server", bootstrap_servers,
+                 "--command-config", "admin.properties", "--create", "--topic", spec.name,
+                 "--partitions", str(spec.partitions),
+                 "--replication-factor", str(spec.replication_factor)]
+        for name, value in sorted(spec.configs.items()):
+            words += ["--config", f"{name}={value}"]
+        commands.append(shlex.join(words))
+    return commands
+
+
+# Strimzi's KafkaTopic API (kafka.strimzi.io/v1: Strimzi 0.49 and later). A topic's resource
+# is named after it where the name is a valid Kubernetes name; otherwise the name is made one,
+# with a hash of the topic's to keep two such names apart, and spec.topicName says the topic's.
+STRIMZI_API_VERSION = "kafka.strimzi.io/v1"
+_KUBERNETES_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def strimzi_resource_name(topic: str) -> str:
+    """The KafkaTopic's metadata.name for `topic` (a DNS subdomain, as Kubernetes requires)."""
+    if _KUBERNETES_NAME.fullmatch(topic):
+        return topic
+    stem = re.sub(r"[^a-z0-9.-]+", "-", topic.lower()).strip("-.")[:200]
+    digest = hashlib.sha256(topic.encode("utf-8")).hexdigest()[:8]
+    return f"{stem}-{digest}" if stem else f"topic-{digest}"
+
+
+def strimzi_kafka_topics(specs: list[TopicSpec], cluster: str) -> str:
+    """The topics as Strimzi KafkaTopic resources of cluster `cluster`, one YAML document
+    each, with the partitions, replicas and configs `topics create` would create them with.
+    Whole-number configs are YAML numbers, as Strimzi's examples write them."""
+    documents = []
+    for spec in specs:
+        name = strimzi_resource_name(spec.name)
+        lines = [
+            f"apiVersion: {STRIMZI_API_VERSION}",
+            "kind: KafkaTopic",
+            "metadata:",
+            f"  name: {_yaml(name)}",
+            "  labels:",
+            f"    strimzi.io/cluster: {_yaml(cluster)}",
+            "    app.kubernetes.io/part-of: context-assembler",
+            "spec:",
+        ]
+        if name != spec.name:
+            lines.append(f"  topicName: {_yaml(spec.name)}")
+        lines += [f"  partitions: {spec.partitions}", f"  replicas: {spec.replication_factor}",
+                  "  config:"]
+        for config, value in sorted(spec.configs.items()):
+            number = value.isascii() and value.isdigit()
+            lines.append(f"    {_yaml(config)}: {value if number else _yaml(value)}")
+        documents.append("\n".join(lines))
+    return "\n---\n".join(documents)
+
+
+def _yaml(text: str) -> str:
+    """A YAML double-quoted scalar (JSON's escaping is valid YAML)."""
+    return json.dumps(text)
 
 
 @dataclass(frozen=True)
