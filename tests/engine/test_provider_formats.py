@@ -64,7 +64,9 @@ def test_anthropic_has_one_search_result_per_passage_in_context_order_then_the_q
     prompt = assemble(event, _policy("anthropic")).prompt
     request = prompt.provider_request
     assert isinstance(request, AnthropicRequest)
-    *results, question = request.messages[-1].content
+    content = request.messages[-1].content
+    assert isinstance(content, list)
+    *results, question = content
     assert isinstance(question, AnthropicText) and question.text.endswith(event.question)
     assert all(isinstance(r, AnthropicSearchResult) and r.citations.enabled for r in results)
     titles = [r.title for r in results if isinstance(r, AnthropicSearchResult)]
