@@ -349,6 +349,24 @@ class CitationCheck(_Record):
     uncited: list[str] = Field(description="Labels of the prompt's passages never cited.")
 
 
+class CitationRequest(_Record):
+    """`POST /v1/citations/check`: a published prompt and the answer to it."""
+
+    prompt: AssembledPrompt
+    answer: str | dict[str, Any] = Field(
+        description="The answer's text, or the provider's response body as JSON: an "
+        "Anthropic Messages response or a Cohere Chat v2 response.")
+
+
+class AnswerRecord(_Record):
+    """A line of `context-assembler citations --answers`: the answer to the prompt that
+    has this request_id."""
+
+    request_id: str
+    answer: str | dict[str, Any] = Field(
+        description="The answer's text, or the provider's response body as JSON.")
+
+
 class KeptChunk(_Record):
     chunk_id: str
     doc_id: str

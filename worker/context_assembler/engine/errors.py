@@ -30,3 +30,13 @@ class SpecialTokenInId(ContextAssemblerError, ValueError):
 class VocabularyUnavailable(ContextAssemblerError, RuntimeError):
     """A tokenizer's vocabulary is neither cached nor bundled: the message says how to
     provide it."""
+
+
+class UnreadableAnswer(ContextAssemblerError, ValueError):
+    """An answer (or the prompt it answers) the citation check cannot read: not text, not a
+    provider response it knows, over its size bounds, or a prompt that is not one."""
+
+
+class AnswerTooLarge(UnreadableAnswer):
+    """An answer over the check's bounds: its size, its citations, or what its result
+    would weigh."""

@@ -66,6 +66,11 @@ _INVISIBLE = (
     r"\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
     r"\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
 )
+# Runs of invisible characters, and every bracket look-alike as the ASCII bracket it folds
+# to: how the citation check reads an answer's "[label]" markers as a reader sees them.
+INVISIBLE_RUNS: Final = re.compile(f"[{_INVISIBLE}]+")
+BRACKETS_FOLDED: Final = str.maketrans(
+    {**dict.fromkeys(_LEFT[1:], "["), **dict.fromkeys(_RIGHT[1:], "]")})
 _INLINE_SPACE = r"\t\x1f \xa0\u1680\u2000-\u200a\u202f\u205f\u3000"
 # Blocks holding the compatibility forms of Latin letters (fullwidth, circled, superscript…);
 # the tests check that no form of a letter of "documents" lies outside them.
