@@ -85,8 +85,9 @@ def test_cohere_takes_the_cohere_request_as_published(event: dict[str, Any]) -> 
     prompt = published(event, "cohere")
     request = prompt["provider_request"]
     with provider_server() as server:
-        client = cohere.ClientV2(api_key="test-key", base_url=server.url, max_retries=0)
-        reply = client.chat(model="command-test", **request)
+        client = cohere.ClientV2(api_key="test-key", base_url=server.url)
+        reply = client.chat(model="command-test", **request,
+                            request_options={"max_retries": 0})
     assert reply.finish_reason == "COMPLETE"
     (sent,) = server.requests
     assert sent.path == "/v2/chat"
