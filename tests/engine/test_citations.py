@@ -169,8 +169,8 @@ def anthropic_response(citations: list[dict[str, Any]], text: str = "Three years
             "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}
 
 
-def location(index: int, title: str | None = None) -> dict[str, Any]:
-    return {"type": "search_result_location", "search_result_index": index, "source": "s",
+def location(index: int, title: str | None = None, source: str | None = None) -> dict[str, Any]:
+    return {"type": "search_result_location", "search_result_index": index, "source": source,
             "title": title, "cited_text": "x", "start_block_index": 0, "end_block_index": 1}
 
 
@@ -180,10 +180,13 @@ def test_anthropic_citations_resolve_by_search_result_index() -> None:
     request = prompt.provider_request
     assert isinstance(request, AnthropicRequest)
     blocks = request.messages[-1].content
-    titles = [block.title for block in blocks if isinstance(block, AnthropicSearchResult)]
-    response = anthropic_response([location(2, titles[2]), location(0, titles[0]),
-                                   location(2, titles[2]), location(7, "x"),
-                                   location(1, "a forged title"), {"type": "char_location"}],
+    results = [block for block in blocks if isinstance(block, AnthropicSearchResult)]
+    titles = [result.title for result in results]
+    response = anthropic_response([location(2, titles[2], results[2].source),
+                                   location(0, titles[0]), location(2), location(7, "x"),
+                                   location(1, "a forged title"),
+                                   location(1, titles[1], "forged/source.md"),
+                                   {"type": "char_location"}],
                                   text="Three years [S9].")
     result = check_citations(response, prompt)
     labels = labels_of(prompt)

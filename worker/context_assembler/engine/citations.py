@@ -242,13 +242,10 @@ def _anthropic(
     content: list[Any], reading: _Reading, prompt: AssembledPrompt, limit: int
 ) -> None:
     """Claude's citations of search results, by their index in the request: the prompt's
-    context order. Where the prompt carries the request, the cited title must be its."""
+    context order. Where the prompt carries the request, a title or source the citation
+    names must be that search result's."""
     labels = list(reading.labels.passages)
-    request = prompt.provider_request
-    titles = ([b.title for b in request.messages[-1].content
-               if isinstance(b, AnthropicSearchResult)]
-              if isinstance(request, AnthropicRequest)
-              and isinstance(request.messages[-1].content, list) else None)
+    results = _search_results(prompt)
     for block in _texts(content, reading, limit):
         for citation in _listed(block.get("citations")):
             reading.allow(CITATION_CHARS)
@@ -258,11 +255,27 @@ def _anthropic(
                     index, bool):
                 reading.invent(f"{str(kind)[:64]} citation")
             elif not 0 <= index < len(labels) or (
-                    titles is not None and citation.get("title") != titles[index]):
+                    results is not None and _names_another(citation, results[index])):
                 reading.invent(f"search_result_index {index}")
             else:
                 reading.cite(labels[index])
         reading.markers(block["text"], cite=False)
+
+
+def _search_results(prompt: AssembledPrompt) -> list[AnthropicSearchResult] | None:
+    """The search results of the prompt's Anthropic request, if it carries one."""
+    request = prompt.provider_request
+    if not isinstance(request, AnthropicRequest) or not request.messages:
+        return None
+    turn = request.messages[-1].content
+    return [b for b in turn if isinstance(b, AnthropicSearchResult)] if isinstance(
+        turn, list) else None
+
+
+def _names_another(citation: Mapping[str, Any], result: AnthropicSearchResult) -> bool:
+    """Whether the citation names a title or source other than the search result's."""
+    return any(isinstance(citation.get(key), str) and citation[key] != getattr(result, key)
+               for key in ("title", "source"))
 
 
 def _cohere(message: Mapping[str, Any], reading: _Reading, limit: int) -> None:
