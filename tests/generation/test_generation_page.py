@@ -66,7 +66,13 @@ def test_each_provider_block_sends_the_request_the_prompt_carries(
     prompt = published(form)
     request = prompt.get("provider_request") or {"messages": prompt["messages"]}
     assert body == {**settings, **request}
-    assert result.stdout.strip()  # the answer, or its citation check, is printed
+    printed = result.stdout.strip().splitlines()
+    if form == "messages":
+        assert printed == ["Three years.", "[]"]  # the answer, and no label invented
+    else:  # the SDK's parsed response, read by the citation check: the canned citation
+        check = json.loads(printed[-1])
+        assert [cited["label"] for cited in check["cited"]] == ["wp-2-periods"]
+        assert check["invented"] == []
 
 
 def test_the_citation_block_prints_what_the_page_says() -> None:

@@ -1,5 +1,7 @@
 """A provider API of the test's own on 127.0.0.1: it records each request and answers a
-canned, valid response, so the official SDKs can be run as written with no network."""
+canned, valid response, so the official SDKs can be run as written with no network. The
+canned answers cite the first passage (search result 0, document "wp-2-periods") as the
+providers cite: examples/event.json's first label."""
 
 from __future__ import annotations
 
@@ -13,14 +15,20 @@ from typing import Any
 
 ANTHROPIC_RESPONSE: dict[str, Any] = {
     "id": "msg_loopback", "type": "message", "role": "assistant", "model": "claude-test",
-    "content": [{"type": "text", "text": "A pump is covered for three years."}],
+    "content": [{"type": "text", "text": "A pump is covered for three years.", "citations": [
+        {"type": "search_result_location", "search_result_index": 0,
+         "source": "policies/warranty-policy.md", "title": None,
+         "cited_text": "pump: 3 years", "start_block_index": 0, "end_block_index": 1}]}],
     "stop_reason": "end_turn", "stop_sequence": None,
     "usage": {"input_tokens": 1, "output_tokens": 1},
 }
 COHERE_RESPONSE: dict[str, Any] = {
     "id": "chat-loopback", "finish_reason": "COMPLETE",
     "message": {"role": "assistant",
-                "content": [{"type": "text", "text": "A pump is covered for three years."}]},
+                "content": [{"type": "text", "text": "A pump is covered for three years."}],
+                "citations": [{"start": 2, "end": 6, "text": "pump", "type": "TEXT_CONTENT",
+                               "sources": [{"type": "document", "id": "wp-2-periods",
+                                            "document": {"id": "wp-2-periods"}}]}]},
     "usage": {"billed_units": {"input_tokens": 1, "output_tokens": 1},
               "tokens": {"input_tokens": 1, "output_tokens": 1}},
 }
