@@ -20,12 +20,22 @@ from context_assembler.kafka.records import HandlerContext, Origin, handle
 
 RATIO, SLACK = 20, 16 * 1024  # outputs <= RATIO * input + SLACK bytes
 LIMITS = Limits()
-# Room for every passage, so what an event makes the prompt repeat is measured too.
-ROOMY = policy_from_mapping({"budget": {"context_tokens": 2_000_000, "window": None}})
-# Large enough to take any output whole, so its size is measured rather than capped.
-CONTEXT = HandlerContext(registry=PolicyRegistry(ROOMY), limits=LIMITS, prompts_topic="p",
-                         audit_topic="a", dlq_topic="d", worker="w",
-                         max_message_bytes=1 << 30)
+FORMATS = ("messages", "anthropic", "cohere")
+
+
+def _context(form: str) -> HandlerContext:
+    # Room for every passage, so what an event makes the prompt repeat is measured too (in a
+    # provider format, the provider's request repeats it once more).
+    roomy = policy_from_mapping({"budget": {"context_tokens": 2_000_000, "window": None},
+                                 "render": {"format": form}})
+    # Large enough to take any output whole, so its size is measured rather than capped.
+    return HandlerContext(registry=PolicyRegistry(roomy), limits=LIMITS, prompts_topic="p",
+                          audit_topic="a", dlq_topic="d", worker="w",
+                          max_message_bytes=1 << 30)
+
+
+CONTEXTS = {form: _context(form) for form in FORMATS}
+CONTEXT = CONTEXTS["messages"]
 
 
 def encoded(event: dict[str, Any]) -> bytes:
@@ -86,26 +96,27 @@ HOSTILE: list[Callable[[], bytes]] = [
 ]
 
 
-def file_mode_bytes(raw: bytes) -> int:
+def file_mode_bytes(raw: bytes, context: HandlerContext) -> int:
     prompts, audits, errors = io.BytesIO(), io.BytesIO(), io.BytesIO()
-    filemode.run([("in", io.BytesIO(raw))], CONTEXT.registry, LIMITS, prompts=prompts,
+    filemode.run([("in", io.BytesIO(raw))], context.registry, LIMITS, prompts=prompts,
                  audits=audits, errors=errors)
     return sum(len(stream.getvalue()) for stream in (prompts, audits, errors))
 
 
-def kafka_bytes(raw: bytes) -> int:
-    outcome = handle(raw, Origin("in", 0, 0, b"r", (), None), CONTEXT)
+def kafka_bytes(raw: bytes, context: HandlerContext) -> int:
+    outcome = handle(raw, Origin("in", 0, 0, b"r", (), None), context)
     return sum(len(record.value) + sum(len(value) for _, value in record.headers)
                + len(record.key or b"") for record in outcome.records)
 
 
+@pytest.mark.parametrize("form", FORMATS)
 @pytest.mark.parametrize("build", HOSTILE, ids=lambda build: build.__name__)
 @pytest.mark.parametrize("outputs", [file_mode_bytes, kafka_bytes], ids=["file", "kafka"])
 def test_outputs_are_at_most_a_constant_times_the_input(
-    build: Callable[[], bytes], outputs: Callable[[bytes], int]
+    build: Callable[[], bytes], outputs: Callable[[bytes, HandlerContext], int], form: str
 ) -> None:
     raw = build()
-    assert outputs(raw) <= RATIO * len(raw) + SLACK
+    assert outputs(raw, CONTEXTS[form]) <= RATIO * len(raw) + SLACK
 
 
 def test_a_chunk_id_over_the_limit_is_rejected_naming_the_limit() -> None:

@@ -32,6 +32,7 @@ ARGV = {
     "topics create": ["topics", "create"],
     "produce": ["produce"], "tail": ["tail", "prompts"], "replay": ["replay"],
     "serve": ["serve"], "policy": ["policy"], "redrive": ["redrive"],
+    "citations": ["citations", "--prompts", "p.jsonl", "--answers", "a.jsonl"],
 }
 # The documented flags of each command (README.md), each a setting.
 DOCUMENTED = {

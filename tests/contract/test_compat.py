@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from context_assembler.contract.compat import breaking_changes
-from context_assembler.contract.models import AssemblyAudit, RetrievalResult
+from context_assembler.contract.generate import snapshot_dir
+from context_assembler.contract.models import AssembledPrompt, AssemblyAudit, RetrievalResult
 
 Schema = dict[str, Any]
 
@@ -147,3 +149,15 @@ def test_a_real_model_change_is_caught() -> None:
     new["$defs"]["HistoryTurn"]["properties"]["role"]["enum"] = ["user"]
     assert breaking_changes(old, new, "input") == [
         "history[].role: values narrowed: old allows ['assistant'], new does not"]
+
+
+def test_the_provider_request_is_an_optional_field_the_prompt_gained() -> None:
+    """Version 1's prompt as first published, against the current one: the provider
+    request is a new, optional output field, which the checker lets an output gain; made
+    required, or taken away from a snapshot that has it, it would break readers."""
+    old = json.loads((snapshot_dir(1) / "assembled-prompt.schema.json").read_text("utf-8"))
+    new = AssembledPrompt.model_json_schema()
+    assert "provider_request" not in old["properties"] and "provider_request" in new["properties"]
+    assert "provider_request" not in new["required"]
+    assert breaking_changes(old, new, "output") == []
+    assert breaking_changes(new, old, "output") == ["provider_request: field removed"]

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from context_assembler.contract.generate import RECORDS, snapshot_dir
+from context_assembler.contract.generate import DIRECTIONS, RECORDS, snapshot_dir
 from context_assembler.contract.models import DropReason, RetrievalResult
 from context_assembler.intake.codec import Limits, RejectedInput, decode_event
 
@@ -43,12 +43,35 @@ def test_the_intake_accepts_every_old_event_under_default_limits(version: int) -
         decode_event(line, Limits())
 
 
+def as_read(record: dict[str, Any], schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """An output as a reader built with `schema` reads it: ignoring the fields it does not
+    know, as readers of our outputs must (an output may gain a field within its version)."""
+    if DIRECTIONS[name] != "output":
+        return record
+    return {key: value for key, value in record.items() if key in schema["properties"]}
+
+
 @pytest.mark.parametrize(("version", "name"), FILES)
 def test_old_records_are_valid_under_their_versions_json_schema(version: int, name: str) -> None:
     schema = json.loads((snapshot_dir(version) / f"{name}.schema.json").read_text("utf-8"))
     validator = jsonschema.Draft202012Validator(schema)
     for line in lines(version, name):
-        validator.validate(json.loads(line))
+        validator.validate(as_read(json.loads(line), schema, name))
+
+
+def test_a_provider_request_is_a_field_a_version_1_reader_ignores() -> None:
+    """The prompt fixtures of the provider formats: what an old reader reads of them is a
+    valid prompt of its snapshot, and it is the messages format's prompt."""
+    schema = json.loads((snapshot_dir(1) / "assembled-prompt.schema.json").read_text("utf-8"))
+    records = [json.loads(line) for line in lines(1, "assembled-prompt")]
+    provider = [record for record in records if "provider_request" in record]
+    assert {"system", "documents"} <= {key for r in provider for key in r["provider_request"]}
+    assert "provider_request" not in schema["properties"]
+    for record in provider:
+        jsonschema.Draft202012Validator(schema).validate(as_read(record, schema,
+                                                                 "assembled-prompt"))
+        with pytest.raises(jsonschema.ValidationError, match="provider_request"):
+            jsonschema.Draft202012Validator(schema).validate(record)
 
 
 def _fields_seen(model: type[BaseModel], values: list[Any], seen: set[str], prefix: str) -> None:

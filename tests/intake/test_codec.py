@@ -12,6 +12,7 @@ from context_assembler.contract import models
 from context_assembler.contract.models import RejectReason, RetrievalResult
 from context_assembler.engine import Policy, assemble
 from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.engine.policy import policy_from_mapping
 from context_assembler.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
 
 
@@ -242,10 +243,13 @@ def _models() -> list[type[BaseModel]]:
 
 def test_encode_writes_what_pydantic_json_mode_writes() -> None:
     """`encode` lets orjson walk the models' fields: that holds only while no model renames,
-    computes or serializes a field its own way."""
+    computes or serializes a field its own way (but for the prompt's serializer, which
+    leaves out an absent provider request, as `encode` does)."""
     for model in _models():
         decorators = model.__pydantic_decorators__
-        assert not decorators.field_serializers and not decorators.model_serializers, model
+        serializers = list(decorators.model_serializers)
+        assert serializers == (["_absent_when_none"] if model is models.AssembledPrompt else []), model
+        assert not decorators.field_serializers, model
         assert not model.model_computed_fields, model
         assert all(f.alias is None and f.serialization_alias is None for f in model.model_fields.values()), model
     raw = (b'{"request_id":"r","question":"q \\u00e9?","audience":"staff","as_of":"2026-03-01",'
@@ -256,7 +260,9 @@ def test_encode_writes_what_pydantic_json_mode_writes() -> None:
     event = decode_event(raw, Limits())
     assembly = assemble(event, Policy())
     records: list[BaseModel] = [
-        event, assembly.prompt, assembly.audit, RejectedInput("schema", "m").record("f:1", raw)  # type: ignore[arg-type]
+        event, assembly.prompt, assembly.audit, RejectedInput("schema", "m").record("f:1", raw),  # type: ignore[arg-type]
+        *(assemble(event, policy_from_mapping({"render": {"format": form}})).prompt
+          for form in ("anthropic", "cohere")),
     ]
     assert assembly.audit.dropped
     for record in records:

@@ -8,6 +8,7 @@ As a library::
     event = ca.RetrievalResult.model_validate_json(raw)
     result = ca.assemble(event, policy)
     result.prompt.messages, result.audit.dropped
+    ca.check_citations(answer_text, result.prompt)  # cited, invented, uncited labels
 
 `assemble` is deterministic: the same event and policy give byte-identical records. The
 Kafka worker, the HTTP endpoint and the file mode are shells around it (`context-assembler
@@ -18,6 +19,7 @@ from context_assembler.contract.models import (
     AssembledPrompt,
     AssemblyAudit,
     Chunk,
+    CitationCheck,
     RetrievalResult,
 )
 from context_assembler.engine import (
@@ -29,6 +31,8 @@ from context_assembler.engine import (
     PromptTooLarge,
     assemble,
 )
+from context_assembler.engine.citations import check_citations
+from context_assembler.engine.errors import UnreadableAnswer
 from context_assembler.engine.version import __version__
 from context_assembler.intake.policies import load_policy, preset_names
 
@@ -37,14 +41,17 @@ __all__ = [
     "Assembly",
     "AssemblyAudit",
     "Chunk",
+    "CitationCheck",
     "ContextAssemblerError",
     "InvalidEvent",
     "Policy",
     "PolicyError",
     "PromptTooLarge",
     "RetrievalResult",
+    "UnreadableAnswer",
     "__version__",
     "assemble",
+    "check_citations",
     "load_policy",
     "preset_names",
 ]

@@ -448,6 +448,7 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     "serve": (*_SERVING, "log_level", *_ASSEMBLING),
     "policy": ("policy_file", *_KAFKA, "policies_topic"),
     "redrive": (*_KAFKA, "dlq_topic", "input_topic", "max_message_bytes", "compression_type"),
+    "citations": ("max_event_bytes",),
 }
 # A command may name a setting's flag its own way (produce sends to --topic), or offer none:
 # replay's --policy may also say `recorded`, so it is replay's own option.

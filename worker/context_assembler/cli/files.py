@@ -1,4 +1,5 @@
-"""The file commands, no broker: assemble, explain and sweep over JSONL files, and policy."""
+"""The file commands, no broker: assemble, explain and sweep over JSONL files, policy, and
+the citation check of answers against their prompts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from context_assembler import filemode
 from context_assembler.cli.common import (
@@ -21,7 +23,13 @@ from context_assembler.cli.common import (
     refuse_overlaps,
 )
 from context_assembler.collector import collect_less
-from context_assembler.contract.models import AssemblyAudit, RetrievalResult
+from context_assembler.contract.models import (
+    AssembledPrompt,
+    AssemblyAudit,
+    CitationCheck,
+    RejectReason,
+    RetrievalResult,
+)
 from context_assembler.diagnose.explain import (
     SEED_BUDGETS,
     UnusableInput,
@@ -32,7 +40,8 @@ from context_assembler.diagnose.explain import (
     sweep_table,
 )
 from context_assembler.engine import Policy, assemble
-from context_assembler.intake.codec import Excerpt, Limits, RejectedInput, decode_event
+from context_assembler.intake import citations
+from context_assembler.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
 from context_assembler.intake.handle import resolve_policy
 from context_assembler.intake.policies import PolicyRegistry, build_registry, load_policy
 from context_assembler.intake.recorded import RecordedPolicies, differences, read_records_file
@@ -190,3 +199,65 @@ def cmd_policy(args: argparse.Namespace, settings: Settings) -> int:
     print(f"# {policy.name} {policy.hash}")
     print(policy.model_dump_json(indent=2))
     return 0
+
+
+def _prompts(path: str, limits: Limits, errors: BinaryIO) -> tuple[dict[str, AssembledPrompt], int]:
+    """request_id -> its prompt (the last line for it wins), and how many lines were not
+    prompts (each written to `errors`)."""
+    prompts: dict[str, AssembledPrompt] = {}
+    rejected = 0
+    with file_errors(path), open(path, "rb") as stream:
+        for number, line in filemode.read_lines(stream, limits.max_event_bytes):
+            try:
+                if isinstance(line, Excerpt):
+                    raise RejectedInput(RejectReason.LIMITS, f"the prompt is {line.length} "
+                                        f"bytes, over max_event_bytes={limits.max_event_bytes}")
+                prompt = citations.decode_prompt(line, limits)
+            except RejectedInput as error:
+                errors.write(encode(error.record(f"{path}:{number}", line)) + b"\n")
+                rejected += 1
+                continue
+            prompts[prompt.request_id] = prompt
+    return prompts, rejected
+
+
+@command
+def cmd_citations(args: argparse.Namespace, settings: Settings) -> int:
+    """One CitationCheck line per answer of --answers, against the prompt of its
+    request_id in --prompts; an answer that cannot be checked gets an error record."""
+    limits = settings.limits
+    refuse_overlaps([args.prompts, args.answers], {"--out": args.out or "-",
+                                                   "--errors": args.errors or "-"})
+    checked = 0
+    with (
+        open_output("--out", args.out or "-") as out,
+        open_output("--errors", args.errors or "-") as errors,
+    ):
+        assert out is not None and errors is not None
+        prompts, rejected = _prompts(args.prompts, limits, errors)
+        with open_inputs([args.answers]) as sources:
+            for name, stream in sources:
+                for number, line in filemode.read_lines(stream, limits.max_event_bytes):
+                    try:
+                        result = _check(line, prompts, limits)
+                    except RejectedInput as error:
+                        errors.write(encode(error.record(f"{name}:{number}", line)) + b"\n")
+                        rejected += 1
+                        continue
+                    out.write(encode(result) + b"\n")
+                    checked += 1
+    print(f"checked {checked}, rejected {rejected}", file=sys.stderr)
+    return 1 if rejected else 0
+
+
+def _check(line: bytes | Excerpt, prompts: dict[str, AssembledPrompt],
+           limits: Limits) -> CitationCheck:
+    if isinstance(line, Excerpt):
+        raise RejectedInput(RejectReason.LIMITS, f"the answer record is {line.length} bytes, "
+                            f"over max_event_bytes={limits.max_event_bytes}")
+    record = citations.decode_answer(line, limits)
+    prompt = prompts.get(record.request_id)
+    if prompt is None:
+        raise RejectedInput(RejectReason.SCHEMA, "no prompt in --prompts has this "
+                            "request_id", record.request_id)
+    return citations.check(record.answer, prompt, limits)

@@ -219,6 +219,18 @@ def _add_redrive(commands: Commands) -> None:
                        help="with --wait: seconds to wait (default: 120)")
 
 
+def _add_citations(commands: Commands) -> None:
+    check = _command(commands, "citations", files.cmd_citations,
+                     help="check answers' citations against their prompts")
+    check.add_argument("--prompts", required=True,
+                       help="AssembledPrompt JSONL (as `assemble` writes it)")
+    check.add_argument("--answers", required=True,
+                       help='answer JSONL: {"request_id", "answer": text or a provider '
+                       "response}, - for stdin")
+    check.add_argument("--out", help="CitationCheck JSONL (default: stdout)")
+    check.add_argument("--errors", help="error records JSONL (default: stderr)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="context-assembler", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -226,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the traceback of an unexpected error")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (_add_assemble, _add_explain, _add_sweep, _add_worker, _add_acls, _add_topics,
-                _add_produce, _add_tail, _add_replay, _add_serve, _add_policy, _add_redrive):
+                _add_produce, _add_tail, _add_replay, _add_serve, _add_policy, _add_redrive,
+                _add_citations):
         add(commands)
     return parser
 

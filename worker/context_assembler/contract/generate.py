@@ -24,6 +24,8 @@ from context_assembler.contract.models import (
     SCHEMA_VERSION,
     AssembledPrompt,
     AssemblyAudit,
+    CitationCheck,
+    CitationRequest,
     ErrorRecord,
     PolicyRecord,
     RetrievalResult,
@@ -259,8 +261,12 @@ def _error(description: str) -> dict[str, Any]:
 
 def openapi() -> dict[str, Any]:
     """The HTTP endpoint (`context-assembler serve`), its bodies the contract's models."""
+    models: list[type[BaseModel]] = [
+        *(model for model in RECORDS.values() if model is not PolicyRecord),
+        CitationRequest, CitationCheck,
+    ]
     refs, defs = models_json_schema(
-        [(model, "validation") for model in RECORDS.values() if model is not PolicyRecord],
+        [(model, "validation") for model in models],
         ref_template="#/components/schemas/{model}",
     )
     schemas = dict(defs["$defs"])
@@ -310,6 +316,33 @@ def openapi() -> dict[str, Any]:
                                 "application/json": {"schema": {
                                     "type": "object", "required": ["message"],
                                     "properties": {"message": {"type": "string"}}}}}},
+                },
+            }},
+            "/v1/citations/check": {"post": {
+                "operationId": "checkCitations",
+                "summary": "A published prompt and its answer in: what the answer cites.",
+                "description": "The answer is its text (\"[label]\" markers are read) or a "
+                "provider's response body (Anthropic Messages, Cohere Chat v2: their citation "
+                "objects are read). The body may be twice max_event_bytes; the answer's text "
+                "at most max_event_bytes characters.",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": refs[(CitationRequest, "validation")]}}},
+                "responses": {
+                    "200": {"description": "Checked.", "content": {"application/json": {
+                        "schema": refs[(CitationCheck, "validation")]}}},
+                    "400": _error("Not valid HTTP, or not UTF-8 strict JSON (reason json)."),
+                    "408": _error("The body did not arrive within the body timeout of the "
+                                  "request's head (reason limits)."),
+                    "413": _error("Body over twice max_event_bytes (reason limits)."),
+                    "415": _error("Content-Type is not JSON in UTF-8 (reason json)."),
+                    "422": _error("Not a prompt and an answer the check reads (reason "
+                                  "schema), or an answer over its bounds: its text over "
+                                  "max_event_bytes characters, more than 4096 citations, a "
+                                  "result over 32 times what was read (reason limits)."),
+                    "503": {"description": "Busy, as for /v1/assemble.", "content": {
+                        "application/json": {"schema": {
+                            "type": "object", "required": ["message"],
+                            "properties": {"message": {"type": "string"}}}}}},
                 },
             }},
             "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics.",

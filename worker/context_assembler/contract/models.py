@@ -18,7 +18,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -252,6 +254,51 @@ class EngineInfo(_Record):
     version: str
 
 
+class AnthropicText(_Record):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class AnthropicCitationsConfig(_Record):
+    enabled: bool
+
+
+class AnthropicSearchResult(_Record):
+    """One kept passage as a search_result content block: Claude cites it by its index
+    among the request's search results (`search_result_location`)."""
+
+    type: Literal["search_result"] = "search_result"
+    source: str = Field(description="The chunk's source, else its doc_id.")
+    title: str = Field(description='The passage header, which opens with "[label]".')
+    content: list[AnthropicText] = Field(description="The passage text, one text block.")
+    citations: AnthropicCitationsConfig
+
+
+class AnthropicMessage(_Record):
+    role: Literal["user", "assistant"]
+    content: str | list[AnthropicSearchResult | AnthropicText]
+
+
+class AnthropicRequest(_Record):
+    """The body of Anthropic's Messages API but `model`, `max_tokens` and sampling
+    settings: the last user message holds the search results, then the question."""
+
+    system: str
+    messages: list[AnthropicMessage]
+
+
+class CohereDocument(_Record):
+    id: str = Field(description="The passage label: Cohere's citations name it.")
+    data: dict[str, str] = Field(description="The header fields present, then `text`.")
+
+
+class CohereRequest(_Record):
+    """The body of Cohere's Chat API v2 but `model` and sampling settings."""
+
+    messages: list[Message]
+    documents: list[CohereDocument]
+
+
 class AssembledPrompt(_Record):
     """Output for the generation service."""
 
@@ -264,6 +311,60 @@ class AssembledPrompt(_Record):
     abstained: bool = Field(description="Nothing relevant is left: the answer must say so.")
     policy: PolicyRef
     engine: EngineInfo
+    provider_request: AnthropicRequest | CohereRequest | None = Field(
+        default=None,
+        description="The same prompt as a provider API's request body, under the policy's "
+        "`[render] format` (anthropic or cohere); absent in the messages format.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _absent_when_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The messages format writes the bytes it wrote before the field existed."""
+        data: dict[str, Any] = handler(self)
+        if self.provider_request is None:
+            data.pop("provider_request", None)
+        return data
+
+
+class CitedPassage(_Record):
+    """A citation of the answer, resolved to the passage the prompt gave that label."""
+
+    label: str
+    chunk_id: str
+    doc_id: str
+    source: str | None = None
+    version: str | None = None
+
+
+class CitationCheck(_Record):
+    """What an answer cites, checked against the prompt it answers."""
+
+    schema_version: Literal[1] = 1
+    request_id: str
+    cited: list[CitedPassage] = Field(
+        description="Each citation of a passage of the prompt, in the answer's order.")
+    invented: list[str] = Field(
+        description="Labels the answer cites that no passage of the prompt has, each once, "
+        "as first read (look-alikes folded).")
+    uncited: list[str] = Field(description="Labels of the prompt's passages never cited.")
+
+
+class CitationRequest(_Record):
+    """`POST /v1/citations/check`: a published prompt and the answer to it."""
+
+    prompt: AssembledPrompt
+    answer: str | dict[str, Any] = Field(
+        description="The answer's text, or the provider's response body as JSON: an "
+        "Anthropic Messages response or a Cohere Chat v2 response.")
+
+
+class AnswerRecord(_Record):
+    """A line of `context-assembler citations --answers`: the answer to the prompt that
+    has this request_id."""
+
+    request_id: str
+    answer: str | dict[str, Any] = Field(
+        description="The answer's text, or the provider's response body as JSON.")
 
 
 class KeptChunk(_Record):

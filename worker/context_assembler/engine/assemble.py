@@ -31,7 +31,7 @@ from context_assembler.contract.models import (
     TokenUsage,
 )
 from context_assembler.engine import render
-from context_assembler.engine.assembling import Assembling
+from context_assembler.engine.assembling import Assembling, block_cost
 from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.compress import extract_relevant
 from context_assembler.engine.dedup import CopyDetector, drop_repeated_ids
@@ -120,7 +120,7 @@ def _pack(assembling: Assembling, passed: list[Candidate]) -> tuple[list[Packed]
         budget=assembling.plan.passages,
         select=policy.select,
         compress=policy.compress,
-        cost=assembling.passage_costs.tokens,
+        cost=assembling.passage_costs.charge,
         shrink=shrink,
         drop_title_line=policy.dedup.drop_title_line,
         separator_tokens=(
@@ -152,7 +152,10 @@ def _fit_window(assembling: Assembling, kept: list[Packed]) -> _Fitted:
         """Packing counted each passage already; only an estimate needs a recount."""
         if exact is costs.counter:
             return item.tokens
-        return exact.count(costs.rendered(item.candidate, item.text))
+        tokens = exact.count(costs.rendered(item.candidate, item.text))
+        if assembling.policy.render.format == "messages":
+            return tokens
+        return max(tokens, costs.block_tokens(item.candidate, item.text, exact))
 
     room = plan.prompt_limit - assembling.prompt_tokens(history, assembling.bare, exact)
     fits, shed = _shed_to_fit(assembling, kept, room, exact_tokens)
@@ -168,6 +171,7 @@ class _Rendered:
     passages: list[str]
     user_parts: list[str]
     context_tokens: int  # the joined context's count: the budget checks it, the audit shows it
+    blocks: list[render.ProviderBlock]  # the passages as the provider format's blocks, if any
 
 
 def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
@@ -185,7 +189,12 @@ def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
     ]
     user_parts = render.user_parts(assembling.event.question, passages, policy.render)
     context_tokens = _context_tokens(passages, policy.render.separator, assembling.counter)
-    return _Rendered(ordered, labels, passages, user_parts, context_tokens)
+    blocks = [
+        block for item, label in zip(ordered, labels, strict=True)
+        if (block := render.provider_block(policy.render.format, item.candidate.chunk,
+                                           item.text, label, policy.render.header))
+    ]
+    return _Rendered(ordered, labels, passages, user_parts, context_tokens, blocks)
 
 
 def _render_within_limits(
@@ -240,6 +249,9 @@ def _records(
         abstained=abstained,
         policy=policy_ref,
         engine=ENGINE,
+        provider_request=render.provider_request(
+            fitted.history, shown.blocks, event.question, policy.render
+        ),
     )
     # One validation for every drop (read from the Drop tuples' fields), not a model each;
     # strict, since every value already has its field's type (and lax costs a fifth more).
@@ -338,11 +350,23 @@ def _overflow(
                     "tokens")
     elif (passage_tokens := sum(map(counter.count, passages))) > plan.passages:
         return f"the passages would need {passage_tokens} of {plan.passages} tokens"
+    overhead = policy.budget.document_overhead
+    if shown.blocks and (
+        (block_tokens := sum(block_cost(b, counter, overhead) for b in shown.blocks))
+        > plan.passages
+    ):
+        return (f"the {policy.render.format} request's documents would need {block_tokens} "
+                f"of {plan.passages} tokens")
     if plan.prompt_limit is None:
         return None
+    question = render.question_text(assembling.event.question, len(shown.blocks))
     # The reported count, then the exact one.
     for tokenizer in dict.fromkeys((counter, assembling.exact)):
         prompt_tokens = assembling.prompt_tokens(history, shown.user_parts, tokenizer)
+        if shown.blocks:
+            charges = [block_cost(block, tokenizer, overhead) for block in shown.blocks]
+            prompt_tokens = max(prompt_tokens, assembling.prompt_tokens.provider(
+                history, question, charges, tokenizer))
         if prompt_tokens > plan.prompt_limit:
             return (
                 f"the whole prompt would need {prompt_tokens} tokens ({tokenizer.name}), over "

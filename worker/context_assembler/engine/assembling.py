@@ -48,8 +48,14 @@ class Assembling:
         exact = counter
         if plan.prompt_limit is not None and counter.name not in EXACT_TOKENIZERS:
             exact = get_counter(policy.tokenizer.exact_encoding)
-        costs = PassageCosts(policy.render, counter, passages=passages)
+        costs = PassageCosts(policy.render, counter, passages=passages,
+                             document_overhead=policy.budget.document_overhead)
         return cls(event, policy, counter, exact, bare, plan, prompt_tokens, costs)
+
+
+def block_cost(block: render.ProviderBlock, counter: TokenCounter, overhead: int) -> int:
+    """A provider block's charge: its text's count plus the stated framing margin."""
+    return counter.count(render.block_text(block)) + overhead
 
 
 class PromptTokens:
@@ -78,6 +84,17 @@ class PromptTokens:
             self._found[key] = tokens
         return tokens
 
+    def provider(
+        self, history: Sequence[Message], question: str, blocks: Sequence[int],
+        counter: TokenCounter,
+    ) -> int:
+        """A provider request's count: system prompt, history and the question text, each
+        with the chat overhead, and the blocks' charges (`blocks`)."""
+        overhead = self._policy.budget.message_overhead
+        texts = (self._policy.render.provider_system_prompt, *(turn.content for turn in history),
+                 question)
+        return sum(counter.count(text) + overhead for text in texts) + sum(blocks)
+
 
 # What `render.header` reads of a chunk, per style (the chunk_id for `chunk.document` too),
 # from the chunk's fields by name (`Candidate.fields`): every chunk of an event is costed.
@@ -102,7 +119,10 @@ class PassageCosts:
     ordering, so it is rendered with the widest label it may get. A popular chunk is rendered
     and counted once per (tokenizer, label, header fields) across requests (`facts`)."""
 
-    def __init__(self, policy: RenderPolicy, counter: TokenCounter, *, passages: int) -> None:
+    def __init__(
+        self, policy: RenderPolicy, counter: TokenCounter, *, passages: int,
+        document_overhead: int,
+    ) -> None:
         self.counter = counter
         self._style: HeaderStyle = policy.header
         self._fields = _HEADER_FIELDS[policy.header]
@@ -114,6 +134,30 @@ class PassageCosts:
         self._rendering: facts.Rendering = (counter.name, policy.header, self._shared_label)
         # By (rank, extract): an extract is a text of its own, hashed once per request.
         self._extracts: dict[tuple[int, str], int] = {}
+        self._form = policy.format
+        self._document_overhead = document_overhead
+        self._blocks: dict[tuple[str, int, str], int] = {}  # by (tokenizer, rank, text)
+
+    def charge(self, candidate: Candidate, text: str) -> int:
+        """What packing charges `text` as `candidate`'s passage: in a provider format, the
+        larger of its cost in `messages` and as the provider's block, so both fit."""
+        tokens = self.tokens(candidate, text)
+        if self._form == "messages":
+            return tokens
+        return max(tokens, self.block_tokens(candidate, text, self.counter))
+
+    def block_tokens(self, candidate: Candidate, text: str, counter: TokenCounter) -> int:
+        """`text` as `candidate`'s block in the provider format, framing margin included."""
+        memo = (counter.name, candidate.rank, text)
+        tokens = self._blocks.get(memo)
+        if tokens is None:
+            block = render.provider_block(
+                self._form, candidate.chunk, text,
+                self._shared_label or candidate.chunk_id, self._style,
+            )
+            assert block is not None  # only asked in a provider format
+            tokens = self._blocks[memo] = block_cost(block, counter, self._document_overhead)
+        return tokens
 
     def rendered(self, candidate: Candidate, text: str) -> str:
         """`text` as the passage of `candidate`, header and (widest) label included."""

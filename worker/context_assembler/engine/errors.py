@@ -34,3 +34,13 @@ class VocabularyUnavailable(ContextAssemblerError, RuntimeError):
 
 class InvalidEvent(ContextAssemblerError, ValueError):
     """A mapping given for a RetrievalResult that is not one: the message lists each problem."""
+
+
+class UnreadableAnswer(ContextAssemblerError, ValueError):
+    """An answer (or the prompt it answers) the citation check cannot read: not text, not a
+    provider response it knows, over its size bounds, or a prompt that is not one."""
+
+
+class AnswerTooLarge(UnreadableAnswer):
+    """An answer over the check's bounds: its size, its citations, or what its result
+    would weigh."""

@@ -1,4 +1,4 @@
-"""Labels, passage headers and the chat messages.
+"""Labels, passage headers, the chat messages and the providers' request bodies.
 
 Retrieved text is quoted data: it sits inside <documents> … </documents>, and anything in
 it that could pass for our own structure (the delimiter tags, a line that starts like a
@@ -6,6 +6,10 @@ passage header) is neutralised, so a chunk cannot close the block or impersonate
 citable passage. The question and the history are neutralised the same way; header fields
 are made one line with no bracket at all. The question comes last, where the model reads
 it just before answering.
+
+A provider format carries the same passages as the provider's own structure (Anthropic's
+search_result blocks, Cohere's documents) with the same neutralised text, headers and
+history, so every defence holds there too.
 
 Look-alikes are judged on folded text, the way a model may read it: NFKC (fullwidth and
 other compatibility forms become ASCII), case folded, with invisible characters removed
@@ -26,9 +30,20 @@ from collections.abc import Sequence
 from datetime import date
 from typing import Final, assert_never
 
-from context_assembler.contract.models import Chunk, HistoryTurn, Message
+from context_assembler.contract.models import (
+    AnthropicCitationsConfig,
+    AnthropicMessage,
+    AnthropicRequest,
+    AnthropicSearchResult,
+    AnthropicText,
+    Chunk,
+    CohereDocument,
+    CohereRequest,
+    HistoryTurn,
+    Message,
+)
 from context_assembler.engine import caches
-from context_assembler.engine.policy import HeaderStyle, LabelScheme, RenderPolicy
+from context_assembler.engine.policy import HeaderStyle, LabelScheme, PromptFormat, RenderPolicy
 
 OPEN, CLOSE = "<documents>", "</documents>"
 NO_PASSAGES = "No passage could be used for this question: say that you do not know."
@@ -51,6 +66,11 @@ _INVISIBLE = (
     r"\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
     r"\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
 )
+# Runs of invisible characters, and every bracket look-alike as the ASCII bracket it folds
+# to: how the citation check reads an answer's "[label]" markers as a reader sees them.
+INVISIBLE_RUNS: Final = re.compile(f"[{_INVISIBLE}]+")
+BRACKETS_FOLDED: Final = str.maketrans(
+    {**dict.fromkeys(_LEFT[1:], "["), **dict.fromkeys(_RIGHT[1:], "]")})
 _INLINE_SPACE = r"\t\x1f \xa0\u1680\u2000-\u200a\u202f\u205f\u3000"
 # Blocks holding the compatibility forms of Latin letters (fullwidth, circled, superscript…);
 # the tests check that no form of a letter of "documents" lies outside them.
@@ -249,3 +269,82 @@ def messages(
         *history,
         Message(role="user", content="".join(user)),
     ]
+
+
+ProviderBlock = AnthropicSearchResult | CohereDocument
+_CITED = AnthropicCitationsConfig(enabled=True)
+
+
+def provider_block(
+    form: PromptFormat, chunk: Chunk, text: str, label: str, style: HeaderStyle
+) -> ProviderBlock | None:
+    """A passage as `form`'s provider takes it (None in the messages format): Anthropic's
+    search_result (source, the header as title, the text), or Cohere's document (the label
+    as id, the header fields present, the text)."""
+    match form:
+        case "messages":
+            return None
+        case "anthropic":
+            return AnthropicSearchResult(
+                source=_field(chunk.source) or _field(chunk.document) or label,
+                title=header(chunk, label, style),
+                content=[AnthropicText(text=neutralise(text))],
+                citations=_CITED,
+            )
+        case "cohere":
+            fields = {
+                "title": _field(chunk.title) or _field(chunk.document),
+                "source": _field(chunk.source),
+                "section": _field(chunk.section),
+                "doc_type": _field(chunk.doc_type),
+                "version": _field(chunk.version),
+                "in_force": _validity(chunk.effective_from, chunk.effective_to),
+            }
+            data = {name: value for name, value in fields.items() if value}
+            return CohereDocument(id=label, data={**data, "text": neutralise(text)})
+        case _:
+            assert_never(form)
+
+
+def block_text(block: ProviderBlock) -> str:
+    """What the model reads of a block, as text: its token count, plus the policy's
+    `document_overhead` for the framing, is the block's cost."""
+    if isinstance(block, AnthropicSearchResult):
+        return "\n".join((block.source, block.title, *(part.text for part in block.content)))
+    return "\n".join(f"{name}: {value}" for name, value in block.data.items())
+
+
+def question_text(question: str, passages: int) -> str:
+    """The text that ends a provider request's user turn: the question, last."""
+    lead = "" if passages else f"{NO_PASSAGES}\n\n"
+    return f"{lead}Question: {neutralise(question)}"
+
+
+def provider_request(
+    history: Sequence[Message], blocks: Sequence[ProviderBlock], question: str,
+    policy: RenderPolicy,
+) -> AnthropicRequest | CohereRequest | None:
+    """The request body of the policy's provider format, from the same parts as
+    `messages`: system prompt, the (neutralised) history, the blocks, the question last."""
+    ask = question_text(question, len(blocks))
+    match policy.format:
+        case "messages":
+            return None
+        case "anthropic":
+            searched = [block for block in blocks if isinstance(block, AnthropicSearchResult)]
+            turn = AnthropicMessage(role="user", content=[*searched, AnthropicText(text=ask)])
+            earlier = [
+                AnthropicMessage(role="user" if m.role == "user" else "assistant",
+                                 content=m.content)
+                for m in history if m.content
+            ]
+            return AnthropicRequest(system=policy.provider_system_prompt, messages=[*earlier, turn])
+        case "cohere":
+            documents = [block for block in blocks if isinstance(block, CohereDocument)]
+            return CohereRequest(
+                messages=[Message(role="system", content=policy.provider_system_prompt), *history,
+                          Message(role="user", content=ask)],
+                documents=documents,
+            )
+        case _:
+            assert_never(policy.format)

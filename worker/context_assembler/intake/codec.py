@@ -16,7 +16,12 @@ from typing import Any, Final
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from context_assembler.contract.models import ErrorRecord, RejectReason, RetrievalResult
+from context_assembler.contract.models import (
+    AssembledPrompt,
+    ErrorRecord,
+    RejectReason,
+    RetrievalResult,
+)
 from context_assembler.engine.candidate import brief
 from context_assembler.engine.errors import ContextAssemblerError
 
@@ -211,6 +216,11 @@ def _parse(raw: bytes) -> Any:
     return obj
 
 
+# For the other records the shells read (the citation check's).
+parse_json = _parse
+schema_problems = _schema_problems
+
+
 def _text(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
@@ -268,7 +278,10 @@ def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
 
 def _fields(value: object) -> dict[str, Any]:
     """A model's fields in declaration order, for orjson to write (it writes dates, enums,
-    floats and containers as pydantic's JSON mode does); anything else is a bug."""
+    floats and containers as pydantic's JSON mode does); anything else is a bug. A prompt
+    without a provider request leaves the field out, as its serializer does."""
+    if isinstance(value, AssembledPrompt) and value.provider_request is None:
+        return {k: v for k, v in value.__dict__.items() if k != "provider_request"}
     if isinstance(value, BaseModel):
         return value.__dict__
     raise TypeError(f"cannot encode {type(value).__name__}")
@@ -279,6 +292,7 @@ def encode(record: BaseModel) -> bytes:
 
     orjson walks the models itself (`_fields`): the same bytes as
     `orjson.dumps(record.model_dump(mode="json"))` in a quarter of the time, since our
-    models have no aliases, serializers or computed fields.
+    models have no aliases or computed fields, and `_fields` does what the one serializer
+    (AssembledPrompt's) does.
     """
     return orjson.dumps(record, default=_fields)

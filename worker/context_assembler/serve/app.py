@@ -1,4 +1,5 @@
 """`POST /v1/assemble`: one RetrievalResult in, `{prompt, audit}` out, the file mode's bytes.
+`POST /v1/citations/check`: a prompt and its answer in, the CitationCheck out.
 
 The same intake as every other shell (limits, the policy allow-list, the same rejections),
 the engine in one thread off the event loop as in the worker, the worker's metrics, and a
@@ -39,6 +40,7 @@ from context_assembler.contract.generate import openapi
 from context_assembler.contract.models import RejectReason
 from context_assembler.engine import Assembly
 from context_assembler.filemode import BOM
+from context_assembler.intake import citations
 from context_assembler.intake.codec import Limits, RejectedInput, encode
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
@@ -49,6 +51,7 @@ from context_assembler.settings import Settings
 log = logging.getLogger(__name__)
 
 ASSEMBLE_PATH: Final = "/v1/assemble"
+CITATIONS_PATH: Final = "/v1/citations/check"
 JSON: Final = "application/json"
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 _STATUS: Final = {
@@ -191,13 +194,15 @@ def _oversized(request: web.BaseRequest, limit: int, read: bool) -> _Refused:
     """413, with the figure that is true of this body: its announced length, else the limit
     that reading it passed (after decoding, for a compressed body)."""
     length = request.content_length
+    bound = (f"max_event_bytes={limit}" if request.path == ASSEMBLE_PATH
+             else f"{limit} (twice max_event_bytes)")
     if read and hdrs.CONTENT_ENCODING in request.headers:
-        size = (f"over max_event_bytes={limit} once decoded (Content-Encoding "
+        size = (f"over {bound} once decoded (Content-Encoding "
                 f"{_header(request, hdrs.CONTENT_ENCODING)})")
     elif length is None:
-        size = f"over max_event_bytes={limit} (sent without a Content-Length: reading stopped)"
+        size = f"over {bound} (sent without a Content-Length: reading stopped)"
     else:
-        size = f"{length} bytes, over max_event_bytes={limit}"
+        size = f"{length} bytes, over {bound}"
     return _Refused(413, RejectedInput(RejectReason.LIMITS, f"body is {size}"))
 
 
@@ -370,6 +375,58 @@ class Endpoint:
         response.force_close()
         return response
 
+    def _check(self, raw: bytes) -> RejectedInput | bytes:
+        """In the engine thread: the CitationCheck's bytes, or why there are none."""
+        limits = self.service.limits
+        try:
+            asked = citations.decode_request(raw, limits)
+            return encode(citations.check(asked.answer, asked.prompt, limits))
+        except RejectedInput as rejected:
+            return rejected
+
+    async def check_citations(self, request: web.Request) -> web.Response:
+        """The citation check, read and bounded as an event is (its body may hold a prompt
+        and an answer, each event-sized), in the engine's thread."""
+        trace = _valid_traceparent(request.headers.get("traceparent", ""))
+        limit = citations.request_bytes(self.service.limits)
+        with self._bodies.holding() as take:
+            try:
+                self._engine_full()
+                _refuse_non_json(request)
+                async with asyncio.timeout(self.service.body_timeout):
+                    raw = await _read_body(request, limit, take)
+                self._engine_full()
+                response = await self._checked(raw, trace)
+            except _Busy:
+                response = self._busy()
+            except _Refused as refused:
+                response = self._refused(refused.rejected, refused.status, trace)
+            except TimeoutError:
+                response = self._too_slow(trace)
+            if trace is not None:
+                response.headers["traceparent"] = trace
+            await self._send(request, response)
+        return response
+
+    async def _checked(self, raw: bytes, trace: str | None) -> web.Response:
+        self._waiting += 1
+        try:
+            with self.service.pending.labels("engine").track_inprogress():
+                loop = asyncio.get_running_loop()
+                outcome = await loop.run_in_executor(self._executor, self._check, raw)
+        finally:
+            self._waiting -= 1
+        if isinstance(outcome, RejectedInput):
+            return self._refused(outcome, _STATUS.get(outcome.reason, 422), trace)
+        return web.Response(body=outcome, content_type=JSON)
+
+    def _refused(self, rejected: RejectedInput, status: int, trace: str | None) -> web.Response:
+        """A citation check refused: logged, not counted as a rejected event."""
+        log.warning("citation check refused: %s", _cut(rejected.message, MESSAGE_CHARS),
+                    extra={"request_id": rejected.request_id, "reason": rejected.reason,
+                           "traceparent": trace})
+        return _rejection(rejected, status)
+
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.service.metrics.exposition(),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -411,6 +468,7 @@ def build_app(service: Service) -> web.Application:
     endpoint = Endpoint(service)
     app = web.Application(middlewares=[json_routing_errors])
     app.router.add_post(ASSEMBLE_PATH, endpoint.assemble)
+    app.router.add_post(CITATIONS_PATH, endpoint.check_citations)
     app.router.add_get("/metrics", endpoint.metrics)
     app.router.add_get("/health", endpoint.health)
     app.router.add_get("/ready", endpoint.readiness)
