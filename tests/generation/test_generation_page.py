@@ -16,9 +16,9 @@ import pytest
 import context_assembler as ca
 from context_assembler.engine import policy_from_mapping
 from context_assembler.intake.codec import encode
+from tests.support.doc_blocks import fresh_shell_env, one_at_a_time, problems, run_block
 from tests.support.docs import REPO, Block, section_blocks
 from tests.support.loopback import provider_server
-from tests.support.doc_blocks import fresh_shell_env, one_at_a_time, problems, run_block
 
 PAGE = "docs/generation.md"
 EVENT = REPO / "examples" / "event.json"
