@@ -31,6 +31,7 @@ ARGV = {
     "acls": ["acls", "--principal", "User:a"], "topics create": ["topics", "create"],
     "produce": ["produce"], "tail": ["tail", "prompts"], "replay": ["replay"],
     "serve": ["serve"], "policy": ["policy"], "redrive": ["redrive"],
+    "schemas register": ["schemas", "register"],
 }
 # The documented flags of each command (README.md), each a setting.
 DOCUMENTED = {

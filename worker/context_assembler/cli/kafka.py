@@ -38,7 +38,7 @@ from context_assembler.intake.recorded import (
     not_defaults,
     read_records_file,
 )
-from context_assembler.settings import Settings
+from context_assembler.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from context_assembler.kafka.replay.replay import ReplayReport, ReplayRequest
@@ -88,6 +88,41 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     for report in reports:
         print(report.render())
     return 1 if any(r.status == "differs" for r in reports) else 0
+
+
+@command
+def cmd_schemas_register(args: argparse.Namespace, settings: Settings) -> int:
+    """schemas register: exit 0 once the contract's schemas are registered under their
+    subjects, 1 when a subject refuses one as incompatible (then none is registered)."""
+    import asyncio
+
+    from context_assembler.kafka.registry import (
+        Incompatible,
+        RegistryUnavailable,
+        SchemaRegistry,
+    )
+
+    if settings.schema_registry_url is None:
+        raise SettingsError("schemas register needs ASSEMBLER_SCHEMA_REGISTRY_URL")
+    registry = SchemaRegistry(settings)
+
+    async def register() -> list[tuple[str, str, int]]:
+        try:
+            return [(contract.subject, contract.name, schema_id)
+                    for contract, schema_id in await registry.register()]
+        finally:
+            await registry.close()
+
+    try:
+        registered = asyncio.run(register())
+    except Incompatible as error:
+        print(f"context-assembler: {error}", file=sys.stderr)
+        return 1
+    except RegistryUnavailable as error:
+        raise SettingsError(f"ASSEMBLER_SCHEMA_REGISTRY_URL: {error}") from None
+    for subject, name, schema_id in registered:
+        print(f"{subject}: {name} schema id {schema_id}")
+    return 0
 
 
 @command

@@ -5,8 +5,9 @@ group and its committed offsets are never touched. Each event goes through the w
 `handle`, so the same policy gives the same bytes the worker published. Under the recorded
 policies, each event is handled under the policy whose hash its published prompt carries,
 read from the policies topic (or a file); a hash not recorded stops the replay before it
-writes anything. Results are written whole or not at all: files are renamed into place at
-the end (`outputs`), topics are written in one transaction.
+writes anything. A framed event or output (a schema registry's wire format) is read by its
+JSON, not checked against its schema again. Results are written whole or not at all: files
+are renamed into place at the end (`outputs`), topics are written in one transaction.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from context_assembler.contract.models import AssembledPrompt
 from context_assembler.diagnose.compare import Comparison, compare
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.intake.codec import Limits, encode
+from context_assembler.intake.framing import unframed
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.intake.recorded import PinnedRegistry, PolicyNotRecorded, RecordedPolicies
 from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity
@@ -216,7 +218,7 @@ async def _replay_spans(
             output_files(request.out, request.audit_out, request.errors_out) as files,
         ):
             async for record in reader.read(request.input_topic, spans):
-                origin, raw = Origin.from_record(record), value_of(record)
+                origin, raw = Origin.from_record(record), unframed(value_of(record))
                 outcome = handle(raw, origin, context_for((origin.partition, origin.offset)))
                 await _write(outcome, origin, raw, files, producer)
                 replayed.append(Replayed.of(origin, outcome))
@@ -327,7 +329,8 @@ async def _published(
             continue
         key = source[1:]
         if key in wanted:
-            hits.setdefault(key, value_of(record))  # at-least-once copies are identical
+            # At-least-once copies are identical; a framed output is compared by its JSON.
+            hits.setdefault(key, unframed(value_of(record)))
     return hits
 
 
@@ -355,7 +358,7 @@ async def find_recorded(
         audit = b""
         async for record in reader.read(audit_topic, spans):
             if record.key == request_id.encode():
-                latest, audit = Origin.from_record(record), value_of(record)
+                latest, audit = Origin.from_record(record), unframed(value_of(record))
         if latest is None:
             raise NotRecorded(f"no audit for request {request_id!r} on {audit_topic}")
         source = _source(latest.headers)
@@ -366,4 +369,4 @@ async def find_recorded(
                   async for record in reader.read(topic, [Span(partition, offset, offset + 1)])]
         if not events:
             raise NotRecorded(f"the input {topic}/{partition}/{offset} is no longer stored")
-        return events[-1], audit, f"{topic}/{partition}/{offset}"
+        return unframed(events[-1]), audit, f"{topic}/{partition}/{offset}"
