@@ -1,0 +1,176 @@
+"""The worker against a real schema registry (Apicurio Registry's Confluent-compatible API) and
+a real broker, under both guarantees: confluent-kafka's JSONSerializer frames the input,
+its JSONDeserializer reads the outputs; the JSON the worker frames is byte for byte the
+plain path's; unknown ids and mismatches are dead letters; a registry that goes down
+holds the input until it is back, with nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from context_assembler.contract.generate import canonical, json_schemas
+from context_assembler.intake.framing import frame, split
+from context_assembler.kafka.records import ERR, header
+from tests.support.broker import Broker
+from tests.support.codecs import librdkafka_produce, librdkafka_read
+from tests.support.registry import SchemaRegistryProcess
+from tests.support.worker import (
+    Topics,
+    WorkerProcess,
+    end_offsets,
+    events,
+    file_mode,
+    keyed,
+    produce,
+    read_topic,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
+CONTRACT = canonical(json_schemas()["retrieval-result"])
+UNKNOWN_ID = 987654
+
+
+def topic_env(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) -> dict[str, str]:
+    return {"ASSEMBLER_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+            "ASSEMBLER_INPUT_TOPIC": topics.input, "ASSEMBLER_PROMPTS_TOPIC": topics.prompts,
+            "ASSEMBLER_AUDIT_TOPIC": topics.audit, "ASSEMBLER_DLQ_TOPIC": topics.dlq,
+            "ASSEMBLER_POLICIES_TOPIC": topics.policies,
+            "ASSEMBLER_SCHEMA_REGISTRY_URL": registry.url}
+
+
+def register(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) -> dict[str, int]:
+    """`context-assembler schemas register` for the topics: subject -> id."""
+    done = subprocess.run([sys.executable, "-m", "context_assembler.cli", "schemas", "register"],
+                          env={**os.environ, **topic_env(broker, topics, registry)},
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    ids = {}
+    for line in done.stdout.splitlines():
+        subject, rest = line.split(": ", 1)
+        ids[subject] = int(rest.rsplit(" ", 1)[1])
+    return ids
+
+
+def serialized(registry: SchemaRegistryProcess, topic: str, lines: list[bytes]) -> list[bytes]:
+    """The events as confluent-kafka's JSONSerializer frames them: the id of the contract's
+    schema under <topic>-value, looked up (not registered: `schemas register` did)."""
+    client = SchemaRegistryClient({"url": registry.url})
+    serializer = JSONSerializer(CONTRACT, client, conf={"auto.register.schemas": False})
+    context = SerializationContext(topic, MessageField.VALUE)
+    return [serializer(json.loads(line), context) for line in lines]
+
+
+def deserialized(registry: SchemaRegistryProcess, topic: str, value: bytes) -> object:
+    client = SchemaRegistryClient({"url": registry.url})
+    return JSONDeserializer(None, schema_registry_client=client)(
+        value, SerializationContext(topic, MessageField.VALUE))
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
+    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path, guarantee: str,
+) -> None:
+    topics = Topics.fresh()
+    await topics.create(broker)
+    ids = await asyncio.to_thread(register, broker, topics, schema_registry)
+    lines = events(40)
+    expected_prompts, expected_audits = file_mode(lines)
+    framed_lines, plain_lines = lines[:30], lines[30:]
+    framed = await asyncio.to_thread(serialized, schema_registry, topics.input, framed_lines)
+    assert {split(value)[0] for value in framed} == {ids[f"{topics.input}-value"]}
+    unknown = frame(UNKNOWN_ID, lines[0])
+    mismatch = frame(ids[f"{topics.input}-value"], b'{"request_id": "no-question", "chunks": []}')
+    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
+                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
+    worker.start()
+    try:
+        await asyncio.to_thread(worker.wait_ready)
+        records = [(json.loads(line)["request_id"].encode(), value)
+                   for line, value in zip(framed_lines, framed, strict=True)]
+        records += [(b"unknown", unknown), (b"no-question", mismatch)]
+        records += [(key, value) for key, value, _ in keyed(plain_lines)]  # the same topic
+        await asyncio.to_thread(librdkafka_produce, broker, topics.input, "zstd", records)
+        prompts = await asyncio.to_thread(librdkafka_read, broker, topics.prompts, len(lines))
+        audits = await asyncio.to_thread(librdkafka_read, broker, topics.audit, len(lines))
+        letters = await read_topic(broker, topics.dlq, until=2, settle=1.0)
+        assert worker.alive()
+    finally:
+        assert worker.stop() == 0
+    for outputs, expected, subject in ((prompts, expected_prompts, topics.prompts),
+                                       (audits, expected_audits, topics.audit)):
+        assert len(outputs) == len(lines)  # every event answered, once
+        for key, value in outputs:
+            schema_id, payload = split(value)
+            assert schema_id == ids[f"{subject}-value"]
+            assert payload == expected[key.decode()]  # the plain path's bytes
+        key, value = outputs[0]
+        assert deserialized(schema_registry, subject, value) == orjson.loads(
+            expected[key.decode()])
+    reasons = {letter.key: header(letter.headers, f"{ERR}exception.message")
+               for letter in letters}
+    assert reasons == {
+        b"unknown": f"schema id {UNKNOWN_ID}: not found in the schema registry".encode(),
+        b"no-question": reasons[b"no-question"],
+    }
+    assert reasons[b"no-question"] is not None and reasons[b"no-question"].startswith(
+        f"does not match schema id {ids[f'{topics.input}-value']}: <root>: 'question' is a "
+        "required property".encode())
+    assert {letter.key: letter.value for letter in letters} == {b"unknown": unknown,
+                                                               b"no-question": mismatch}
+    policies = await read_topic(broker, topics.policies, until=2)  # service's and allowed
+    assert {split(p.value)[0] for p in policies} == {ids[f"{topics.policies}-value"]}
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_back(
+    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path, guarantee: str,
+) -> None:
+    topics = Topics.fresh()
+    await topics.create(broker)
+    ids = await asyncio.to_thread(register, broker, topics, schema_registry)
+    # A second id, which the worker has not seen when the registry goes down.
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    other = json.loads(CONTRACT) | {"description": "a second version, for this test"}
+    other_id = client.register_schema(f"{topics.input}-other", Schema(json.dumps(other), "JSON"))
+    lines = events(30)
+    expected_prompts, _ = file_mode(lines)
+    first = [frame(ids[f"{topics.input}-value"], line) for line in lines[:10]]
+    held = [frame(other_id, line) for line in lines[10:]]
+    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
+                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
+    worker.start()
+    try:
+        await asyncio.to_thread(worker.wait_ready)
+        await produce(broker, topics.input, [(None, value, []) for value in first])
+        await read_topic(broker, topics.prompts, until=10)
+        await asyncio.to_thread(schema_registry.stop)
+        try:
+            await produce(broker, topics.input, [(None, value, []) for value in held])
+            await wait_for(lambda: worker.get("/ready")[0] == 503, timeout=60)
+            _, reason = worker.get("/ready")
+            assert b"schema registry" in reason, reason
+            answered = await read_topic(broker, topics.prompts, until=10, settle=3.0,
+                                        committed_only=True)
+            assert len(answered) == 10  # the rest are held
+            assert worker.alive()
+        finally:
+            await asyncio.to_thread(schema_registry.restart)
+        prompts = await read_topic(broker, topics.prompts, until=len(lines), settle=1.0,
+                                   committed_only=True)
+        await wait_for(lambda: worker.get("/ready")[0] == 200, timeout=60)
+    finally:
+        assert worker.stop() == 0
+    assert {split(p.value)[1] for p in prompts} == set(expected_prompts.values())  # none lost
+    assert sum((await end_offsets(broker, topics.dlq)).values()) == 0
