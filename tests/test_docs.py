@@ -40,6 +40,9 @@ RUN: dict[tuple[str, str], tuple[str, str]] = {
         f"{READMES}::test_the_http_block_answers_with_a_prompt_and_an_audit", READMES),
     ("docs/secured-cluster.md", "## Least privilege: the ACLs"): (
         f"{READMES}::test_the_acls_block_prints_kafka_acls_commands", READMES),
+    ("docs/schema-registry.md", "## Try it"): (
+        "tests/integration/test_schema_registry.py::test_the_pages_try_it_block_runs_as_written",
+        "tests/integration/test_schema_registry.py"),
     ("docs/worker.md", "## Quick start"): QUICKSTART,
     ("docs/debugging.md", "## Debug an answer"): QUICKSTART,
     ("docs/debugging.md", "### Under the policy that was in force"): QUICKSTART,

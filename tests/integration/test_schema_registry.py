@@ -36,6 +36,7 @@ from tests.support.worker import (
     read_topic,
     wait_for,
 )
+from tests.test_readme_blocks import run_block, shell_block
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
 CONTRACT = canonical(json_schemas()["retrieval-result"])
@@ -174,3 +175,16 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
         assert worker.stop() == 0
     assert {split(p.value)[1] for p in prompts} == set(expected_prompts.values())  # none lost
     assert sum((await end_offsets(broker, topics.dlq)).values()) == 0
+
+
+def test_the_pages_try_it_block_runs_as_written() -> None:
+    """docs/schema-registry.md, "## Try it": a registry of its own, started and stopped."""
+    block = shell_block("docs/schema-registry.md", "## Try it")
+    done = run_block(block)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-4:] == [
+        "retrieval.results-value: retrieval-result schema id 1",
+        "prompts.assembled-value: assembled-prompt schema id 2",
+        "context.audit-value: assembly-audit schema id 3",
+        "assembler.policies-value: policy-record schema id 4",
+    ]
