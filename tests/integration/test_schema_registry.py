@@ -26,6 +26,7 @@ from tests.support.broker import Broker
 from tests.support.codecs import librdkafka_produce, librdkafka_read
 from tests.support.registry import SchemaRegistryProcess
 from tests.support.worker import (
+    ALLOWED_POLICIES,
     Topics,
     WorkerProcess,
     end_offsets,
@@ -62,6 +63,15 @@ def register(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) ->
         subject, rest = line.split(": ", 1)
         ids[subject] = int(rest.rsplit(" ", 1)[1])
     return ids
+
+
+def command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`context-assembler ARGS` with `env`, and no other ASSEMBLER_ setting."""
+    clean = {name: value for name, value in os.environ.items()
+             if not name.startswith("ASSEMBLER_")}
+    return subprocess.run([sys.executable, "-m", "context_assembler.cli", *args],
+                          env={**clean, **(env or {})}, capture_output=True, text=True,
+                          timeout=120, check=False)
 
 
 def serialized(registry: SchemaRegistryProcess, topic: str, lines: list[bytes]) -> list[bytes]:
@@ -132,6 +142,23 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
                                                                b"no-question": mismatch}
     policies = await read_topic(broker, topics.policies, until=2)  # service's and allowed
     assert {split(p.value)[0] for p in policies} == {ids[f"{topics.policies}-value"]}
+    # The reading commands read framed records: replay under the recorded policies (the
+    # input, checked against the registry as the worker checks it, the outputs and the
+    # policies topic), and tail.
+    kafka = [f"--bootstrap-servers={broker.bootstrap_servers}"]
+    replay = await asyncio.to_thread(
+        command, "replay", *kafka, "--input-topic", topics.input, "--prompts-topic",
+        topics.prompts, "--audit-topic", topics.audit, "--policies-topic", topics.policies,
+        "--policy", "recorded", "--compare",
+        *[f"--allow-policy={name}" for name in ALLOWED_POLICIES],
+        env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert replay.stdout.endswith("42 identical, 0 different, 0 not published\n"), replay.stdout
+    tail = await asyncio.to_thread(command, "tail", "prompts", "-n", "40", *kafka,
+                                   "--prompts-topic", topics.prompts)
+    assert tail.returncode == 0, tail.stderr
+    shown = tail.stdout.splitlines()
+    assert len(shown) == 40 and not [line for line in shown if "not a prompts record" in line]
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])

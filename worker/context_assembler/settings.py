@@ -463,7 +463,7 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
                 "max_message_bytes"),
     "tail": (*_KAFKA, "prompts_topic", "audit_topic", "dlq_topic"),
     "replay": (*_KAFKA, *_ASSEMBLING, "input_topic", "prompts_topic", "audit_topic",
-               "policies_topic", "compression_type"),
+               "policies_topic", "compression_type", *_REGISTRY),
     "serve": (*_SERVING, "log_level", *_ASSEMBLING),
     "policy": ("policy_file", *_KAFKA, "policies_topic"),
     "redrive": (*_KAFKA, "dlq_topic", "input_topic", "max_message_bytes", "compression_type"),

@@ -253,7 +253,11 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         stop = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
             asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-        return await replay(request, stop)
+        try:
+            return await replay(request, stop)
+        finally:
+            if request.schemas is not None:
+                await request.schemas.close()
 
     return _replay_summary(asyncio.run(run()), request, args.verbose)
 
@@ -263,6 +267,7 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
     the policy_file setting's flag: it may say `recorded`, and then the setting is the
     policy of the events without a published prompt."""
     from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.registry import SchemaRegistry
     from context_assembler.kafka.replay.replay import ReplayRequest
 
     span = topic_range(args)
@@ -292,6 +297,7 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
         policies=read_records_file(args.policies) if args.policies else None,
         compression=settings.producer_compression,
         security=kafka_security(settings),
+        schemas=SchemaRegistry(settings) if settings.schema_registry_url else None,
     )
 
 
