@@ -1,16 +1,18 @@
 """The Confluent wire format and the check of a framed event against its JSON Schema."""
 
+import json
+
 import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from jsonschema.exceptions import SchemaError
 
 from context_assembler.contract.generate import json_schemas
 from context_assembler.contract.models import RejectReason
 from context_assembler.intake.codec import Limits, RejectedInput, decode_event
 from context_assembler.intake.framing import (
     HEADER,
+    InvalidSchema,
     RegisteredSchema,
     frame,
     schema_id_of,
@@ -53,7 +55,7 @@ def test_a_registered_schema_stricter_than_the_contract_rejects_what_the_contrac
     contract = json_schemas()["retrieval-result"]
     stricter = {**contract, "properties": {**contract["properties"],
                                            "question": {"type": "string", "maxLength": 3}}}
-    schema = RegisteredSchema.compile(7, stricter, 100)
+    schema = RegisteredSchema.compile(7, json.dumps(stricter))
     decode_event(GOOD, Limits())  # the contract takes it
     with pytest.raises(RejectedInput) as caught:
         decode_event(GOOD, Limits(), schema.check)
@@ -63,22 +65,39 @@ def test_a_registered_schema_stricter_than_the_contract_rejects_what_the_contrac
 
 
 def test_the_contract_schema_takes_a_good_event() -> None:
-    schema = RegisteredSchema.compile(1, json_schemas()["retrieval-result"], 100)
+    schema = RegisteredSchema.compile(1, json.dumps(json_schemas()["retrieval-result"]))
     assert decode_event(GOOD, Limits(), schema.check).request_id == orjson.loads(GOOD)["request_id"]
 
 
 def test_a_rejection_names_a_few_problems_only() -> None:
-    schema = RegisteredSchema.compile(3, {"type": "array", "items": {"type": "string"}}, 10)
+    schema = RegisteredSchema.compile(3, '{"type": "array", "items": {"type": "string"}}')
     document = list(range(100))
     with pytest.raises(RejectedInput) as caught:
         schema.check(document, None)
     assert caught.value.message.endswith("(and more)")
-    assert caught.value.message.count("is not of type 'string'") == 5
+    assert caught.value.message.count('is not of type "string"') == 5
     assert len(caught.value.message) < 2048
 
 
 def test_what_is_not_a_json_schema_cannot_be_compiled() -> None:
-    with pytest.raises(SchemaError, match="12 is not valid"):
-        RegisteredSchema.compile(1, {"type": 12}, 10)
-    with pytest.raises(SchemaError, match="an object or a boolean"):
-        RegisteredSchema.compile(1, [1, 2], 10)
+    with pytest.raises(InvalidSchema, match="12 is not valid"):
+        RegisteredSchema.compile(1, '{"type": 12}')
+    with pytest.raises(InvalidSchema):
+        RegisteredSchema.compile(1, "[1, 2]")
+    with pytest.raises(InvalidSchema):
+        RegisteredSchema.compile(1, '{"type": ')
+
+
+def test_a_schema_never_makes_the_worker_fetch_a_reference() -> None:
+    with pytest.raises(InvalidSchema, match="Retrieval is disabled"):
+        RegisteredSchema.compile(1, '{"$ref": "http://127.0.0.1:9/elsewhere.json"}')
+
+
+def test_patterns_are_matched_in_linear_time_or_refused() -> None:
+    """A pattern a backtracking engine takes exponential time on is matched at once; one
+    that needs backtracking (look-around) makes the schema unusable, not slow."""
+    nested = RegisteredSchema.compile(1, '{"type": "string", "pattern": "^(a+)+$"}')
+    with pytest.raises(RejectedInput):
+        nested.check("a" * 100_000 + "!", None)
+    with pytest.raises(InvalidSchema):
+        RegisteredSchema.compile(1, '{"type": "string", "pattern": "(?=a)a"}')

@@ -136,7 +136,7 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
         b"no-question": reasons[b"no-question"],
     }
     assert reasons[b"no-question"] is not None and reasons[b"no-question"].startswith(
-        f"does not match schema id {ids[f'{topics.input}-value']}: <root>: 'question' is a "
+        f"does not match schema id {ids[f'{topics.input}-value']}: <root>: \"question\" is a "
         "required property".encode())
     assert {letter.key: letter.value for letter in letters} == {b"unknown": unknown,
                                                                b"no-question": mismatch}
@@ -202,6 +202,34 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
         assert worker.stop() == 0
     assert {split(p.value)[1] for p in prompts} == set(expected_prompts.values())  # none lost
     assert sum((await end_offsets(broker, topics.dlq)).values()) == 0
+
+
+def test_register_registers_nothing_when_a_subjects_rule_refuses_a_schema(
+    schema_registry: SchemaRegistryProcess,
+) -> None:
+    tag = os.urandom(4).hex()
+    env = {"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url,
+           "ASSEMBLER_INPUT_TOPIC": f"{tag}.in", "ASSEMBLER_PROMPTS_TOPIC": f"{tag}.prompts",
+           "ASSEMBLER_AUDIT_TOPIC": f"{tag}.audit", "ASSEMBLER_DLQ_TOPIC": f"{tag}.dlq",
+           "ASSEMBLER_POLICIES_TOPIC": f"{tag}.policies"}
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    earlier = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "RetrievalResult",
+               "type": "object", "properties": {"request_id": {"type": "integer"}},
+               "required": ["request_id"], "additionalProperties": False}
+    client.register_schema(f"{tag}.prompts-value", Schema(json.dumps(earlier), "JSON"))
+    client.set_compatibility(f"{tag}.prompts-value", "BACKWARD")
+    refused = command("schemas", "register", env=env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr == ("context-assembler: incompatible with the versions the registry "
+                              f"holds under {tag}.prompts-value: nothing was registered\n")
+    assert sorted(s for s in client.get_subjects() if s.startswith(tag)) == [
+        f"{tag}.prompts-value"]
+    assert client.get_versions(f"{tag}.prompts-value") == [1]
+    client.set_compatibility(f"{tag}.prompts-value", "NONE")  # the operator allows the change
+    accepted = command("schemas", "register", env=env)
+    assert accepted.returncode == 0, accepted.stderr
+    assert len(accepted.stdout.splitlines()) == 4
+    assert client.get_versions(f"{tag}.prompts-value") == [1, 2]
 
 
 def test_the_pages_try_it_block_runs_as_written() -> None:

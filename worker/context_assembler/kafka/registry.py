@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterable
@@ -29,12 +28,12 @@ from typing import Final
 
 from confluent_kafka.schema_registry import AsyncSchemaRegistryClient, Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
-from jsonschema.exceptions import SchemaError
 
 from context_assembler.contract.generate import canonical, json_schemas
 from context_assembler.engine.cache import SizedCache
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.intake.framing import (
+    InvalidSchema,
     RegisteredSchema,
     Resolved,
     UnknownSchema,
@@ -270,10 +269,9 @@ def _compiled(schema_id: int, schema: Schema) -> Resolved:
         return UnknownSchema(schema_id, f"{size} bytes, over the {MAX_SCHEMA_BYTES} a schema "
                              "may have here")
     try:
-        return RegisteredSchema.compile(schema_id, json.loads(text), size)
-    except (ValueError, SchemaError) as error:
-        message = error.message if isinstance(error, SchemaError) else str(error)
-        return UnknownSchema(schema_id, f"not a valid JSON Schema: {message[:200]}")
+        return RegisteredSchema.compile(schema_id, text)
+    except InvalidSchema as error:
+        return UnknownSchema(schema_id, f"not a valid JSON Schema: {str(error)[:200]}")
 
 
 async def output_ids_at_start(registry: SchemaRegistry, stop: asyncio.Event,
