@@ -204,6 +204,21 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
     assert sum((await end_offsets(broker, topics.dlq)).values()) == 0
 
 
+async def test_a_worker_whose_output_schemas_are_not_registered_stops_at_start(
+    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path,
+) -> None:
+    topics = Topics.fresh()
+    await topics.create(broker)
+    worker = WorkerProcess(broker, topics, logs / "worker.log",
+                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
+    worker.start()
+    assert worker.process is not None
+    assert await asyncio.to_thread(worker.process.wait, 120) == 2
+    assert (f"cannot start: subject {topics.prompts}-value does not hold this version's "
+            "assembled-prompt schema: register it with `context-assembler schemas register`"
+            in worker.log_tail())
+
+
 def test_register_registers_nothing_when_a_subjects_rule_refuses_a_schema(
     schema_registry: SchemaRegistryProcess,
 ) -> None:

@@ -12,6 +12,9 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka.schema_registry import AsyncSchemaRegistryClient, Schema, SchemaReference
+from hypothesis import given
+from hypothesis import settings as settings_hypothesis
+from hypothesis import strategies as st
 
 from context_assembler.contract.generate import canonical, json_schemas
 from context_assembler.contract.models import RejectReason
@@ -30,6 +33,7 @@ from context_assembler.kafka.registry import (
 from context_assembler.kafka.runner import EventRunner, Stopped
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings, SettingsError, load_settings
+from tests.factories import EXAMPLES
 from tests.kafka.test_records import CONTEXT, GOOD, origin
 
 URL = "http://registry.example:8081"
@@ -269,3 +273,25 @@ def test_registry_settings_that_contradict_themselves_are_refused(
         monkeypatch.setenv(f"ASSEMBLER_{name.upper()}", value)
     with pytest.raises(SettingsError, match=problem):
         load_settings()
+
+
+EXAMPLE_LINES = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
+CONTRACT_SCHEMA = RegisteredSchema.compile(1, CONTRACT)
+
+
+@settings_hypothesis(max_examples=25, deadline=None)
+@given(st.sampled_from(EXAMPLE_LINES), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1),
+       st.integers(0, 2**32 - 1))
+def test_framed_outputs_are_the_plain_bytes_behind_their_ids(
+    line: bytes, input_id: int, prompt_id: int, audit_id: int,
+) -> None:
+    """Same event, policy and ids: the same bytes, whichever the ids, and the plain path's
+    JSON behind them."""
+    context = replace(CONTEXT, schemas={input_id: replace(CONTRACT_SCHEMA, schema_id=input_id)},
+                      prompt_schema_id=prompt_id, audit_schema_id=audit_id)
+    framed = handle(frame(input_id, line), origin(), context)
+    again = handle(frame(input_id, line), origin(), context)
+    plain = handle(line, origin(), CONTEXT)
+    assert framed.records == again.records
+    assert [r.value for r in framed.records] == [frame(prompt_id, plain.records[0].value),
+                                                 frame(audit_id, plain.records[1].value)]
