@@ -159,6 +159,13 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
     assert tail.returncode == 0, tail.stderr
     shown = tail.stdout.splitlines()
     assert len(shown) == 40 and not [line for line in shown if "not a prompts record" in line]
+    request_id = json.loads(framed_lines[0])["request_id"]
+    explain = await asyncio.to_thread(command, "explain", request_id, "--kafka", *kafka,
+                                      "--audit-topic", topics.audit, "--policies-topic",
+                                      topics.policies,
+                                      *[f"--allow-policy={name}" for name in ALLOWED_POLICIES])
+    assert explain.returncode == 0, explain.stderr
+    assert f"request {request_id} |" in explain.stdout and f"input {topics.input}/" in explain.stdout
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
