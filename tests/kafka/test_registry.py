@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka.schema_registry import AsyncSchemaRegistryClient, Schema, SchemaReference
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from hypothesis import given
 from hypothesis import settings as settings_hypothesis
 from hypothesis import strategies as st
@@ -295,3 +296,19 @@ def test_framed_outputs_are_the_plain_bytes_behind_their_ids(
     assert framed.records == again.records
     assert [r.value for r in framed.records] == [frame(prompt_id, plain.records[0].value),
                                                  frame(audit_id, plain.records[1].value)]
+
+
+class Answering404:
+    """A URL that names no registry API: a web server's 404, without a registry's code."""
+
+    async def get_schema(self, schema_id: int, *args: Any, **kwargs: Any) -> Schema:
+        raise SchemaRegistryError(404, None, "None")  # type: ignore[arg-type]  # as it is raised
+
+    async def clear_caches(self) -> None:
+        pass
+
+
+async def test_a_404_that_is_not_the_registrys_answer_is_retried_not_a_dead_letter() -> None:
+    registry = SchemaRegistry(settings(), client=Answering404())  # type: ignore[arg-type]
+    with pytest.raises(RegistryUnavailable, match="Confluent-compatible base URL"):
+        await registry.resolve([1])

@@ -50,7 +50,9 @@ SCHEMA_CACHE_BYTES: Final = 32 * 1024 * 1024
 VALIDATOR_BYTES_PER_BYTE: Final = 8
 ENTRY_BYTES: Final = 1024
 UNKNOWN_FOR_SECONDS: Final = 60.0
-NOT_FOUND: Final = 404
+# A registry's "not found" codes: subject, version, schema (and the client's mock registry's
+# own). A 404 without one is not the registry's answer: a URL that names no registry API.
+NOT_FOUND_CODES: Final = frozenset({40400, 40401, 40402, 40403})
 SCHEMA_TYPE: Final = "JSON"
 
 
@@ -139,9 +141,18 @@ def _size(entry: tuple[Resolved, float]) -> int:
     return ENTRY_BYTES
 
 
+def _not_found(error: SchemaRegistryError) -> bool:
+    """The registry says it holds no such subject, version or schema."""
+    return error.http_status_code == 404 and error.error_code in NOT_FOUND_CODES
+
+
 def _problem(error: BaseException) -> str:
     if isinstance(error, SchemaRegistryError):
-        return f"HTTP {error.http_status_code}: {error.error_message}"
+        problem = f"HTTP {error.http_status_code}: {error.error_message}"
+        if error.http_status_code == 404:
+            problem += (" (is ASSEMBLER_SCHEMA_REGISTRY_URL the registry's Confluent-compatible "
+                        "base URL?)")
+        return problem
     return f"{type(error).__name__}: {error}"
 
 
@@ -202,7 +213,7 @@ class SchemaRegistry:
         try:
             schema = await self.client.get_schema(schema_id)
         except SchemaRegistryError as error:
-            if error.http_status_code == NOT_FOUND:
+            if _not_found(error):
                 return UnknownSchema(schema_id, "not found in the schema registry")
             raise RegistryUnavailable(f"schema id {schema_id}: {_problem(error)}") from error
         except Exception as error:  # the client's transport errors (connection, timeout)
@@ -223,7 +234,7 @@ class SchemaRegistry:
                     assert found.schema_id is not None
                     ids[contract.name] = found.schema_id
             except SchemaRegistryError as error:
-                if error.http_status_code == NOT_FOUND:
+                if _not_found(error):
                     raise NotRegistered(
                         f"subject {contract.subject} does not hold this version's "
                         f"{contract.name} schema: register it with `context-assembler schemas "
@@ -237,15 +248,25 @@ class SchemaRegistry:
     async def register(self) -> list[tuple[ContractSchema, int]]:
         """Register each contract schema under its subject, once every one passed the
         subject's compatibility check (a new subject has none). Raises Incompatible naming
-        the subjects that refused, before registering anything."""
+        the subjects that refused, before registering anything; RegistryUnavailable if the
+        registry did not answer or refused a registration."""
+        try:
+            return await self._register()
+        except (Incompatible, RegistryUnavailable):
+            raise
+        except Exception as error:  # refused (401, 403, 409, 422) or not answered
+            raise RegistryUnavailable(_problem(error)) from error
+
+    async def _register(self) -> list[tuple[ContractSchema, int]]:
         refused = []
         for contract in contract_schemas(self.settings):
             try:
                 compatible = await self.client.test_compatibility(contract.subject,
                                                                   contract.schema)
             except SchemaRegistryError as error:
-                if error.http_status_code != NOT_FOUND:  # a new subject: nothing to break
-                    raise
+                if not _not_found(error):
+                    raise RegistryUnavailable(f"{contract.subject}: {_problem(error)}") from error
+                # a new subject (Confluent's answer; Apicurio's is True): nothing to break
                 compatible = True
             if not compatible:
                 refused.append(contract.subject)
