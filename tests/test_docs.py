@@ -30,6 +30,10 @@ USER_DOCS = [*user_documents(), "SECURITY.md"]
 
 # Shell blocks no test machine can run as shown, and the test that checks what they act on.
 CHECKED: dict[tuple[str, str], tuple[str, str]] = {
+    ("docs/schema-registry.md", "## Try it"): (
+        "tests/integration/test_schema_registry.py::test_the_pages_try_it_block_runs_as_written",
+        "needs Java 21 and half a minute for the registry: that Kafka-marked test runs the "
+        "block as written"),
     ("docs/deploy.md", "### 1. Build and push the image"): (
         "tests/deploy/test_image.py",
         "needs a Docker engine and a registry: the Dockerfile's stages, pins and context are "

@@ -33,6 +33,7 @@ ARGV = {
     "produce": ["produce"], "tail": ["tail", "prompts"], "replay": ["replay"],
     "serve": ["serve"], "policy": ["policy"], "redrive": ["redrive"],
     "citations": ["citations", "--prompts", "p.jsonl", "--answers", "a.jsonl"],
+    "schemas register": ["schemas", "register"],
 }
 # The documented flags of each command (README.md), each a setting.
 DOCUMENTED = {

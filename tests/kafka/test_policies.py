@@ -38,7 +38,8 @@ def test_a_missing_topic_is_logged_once_and_waited_for(
             raise missing_topic(topic)
 
     async def publish(servers: str, topic: str, policies: Sequence[Policy], size: int,
-                      compression: str | None, security: KafkaSecurity) -> None:
+                      compression: str | None, security: KafkaSecurity,
+                      schema_id: int | None) -> None:
         published.append([p.hash for p in policies])
 
     monkeypatch.setattr(module, "check_topic", check)

@@ -269,6 +269,32 @@ class Settings(BaseSettings):
     ssl_check_hostname: bool = Field(
         default=True, description="Whether the broker's certificate must name the host.")
 
+    # A schema registry (docs/schema-registry.md): records framed in the Confluent wire format.
+    schema_registry_url: str | None = Field(
+        default=None,
+        description="A Confluent-compatible schema registry's base URL (Apicurio's ends in "
+        "/apis/ccompat/v7). Set: input framed with a schema id is checked against that JSON "
+        "Schema, plain JSON still read; prompts, audits and policy records are framed with "
+        "their registered ids. Unset: plain JSON only.")
+    schema_registry_user: str | None = Field(
+        default=None, description="Basic auth: the registry's user (Confluent Cloud: the "
+        "registry API key).")
+    schema_registry_password_file: Path | None = Field(
+        default=None, description="Basic auth: a file holding the password (Confluent "
+        "Cloud: the registry API secret).")
+    schema_registry_ca_file: Path | None = Field(
+        default=None, description="PEM CA bundle for an https registry; default: the "
+        "system's trusted CAs.")
+    schema_registry_subject_strategy: Literal["topic", "record", "topic_record"] = Field(
+        default="topic",
+        description="The subject a record's schema is under: topic (<topic>-value), record "
+        "(the schema's title, e.g. AssembledPrompt) or topic_record (<topic>-<title>).")
+    schema_registry_auto_register: bool = Field(
+        default=False,
+        description="Whether the worker registers the output schemas it does not find "
+        "under their subjects; off: `context-assembler schemas register` does it, in a "
+        "deploy step, and the worker only looks their ids up.")
+
     @field_validator("allowed_policies", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
@@ -287,7 +313,8 @@ class Settings(BaseSettings):
                      "sasl_username", "sasl_password", "sasl_password_file",
                      "sasl_oauthbearer_token_file", "sasl_oauth_provider", "aws_region",
                      "ssl_ca_file", "ssl_cert_file", "ssl_key_file", "ssl_key_password_file",
-                     mode="before")
+                     "schema_registry_url", "schema_registry_user",
+                     "schema_registry_password_file", "schema_registry_ca_file", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return value.strip() or None if isinstance(value, str) else value
@@ -300,7 +327,8 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
-                     "ssl_cert_file", "ssl_key_file", "ssl_key_password_file")
+                     "ssl_cert_file", "ssl_key_file", "ssl_key_password_file",
+                     "schema_registry_password_file", "schema_registry_ca_file")
     @classmethod
     def _readable_file(cls, path: Path | None) -> Path | None:
         if path is not None:
@@ -318,6 +346,28 @@ class Settings(BaseSettings):
         problems = security_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
+        return self
+
+    @field_validator("schema_registry_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return url
+
+    @model_validator(mode="after")
+    def _coherent_registry(self) -> Settings:
+        """Fail closed: registry credentials or a CA with no registry to use them on."""
+        if self.schema_registry_url is None:
+            given = [name for name in ("schema_registry_user", "schema_registry_password_file",
+                                       "schema_registry_ca_file")
+                     if getattr(self, name) is not None]
+            if given or self.schema_registry_auto_register:
+                name = given[0] if given else "schema_registry_auto_register"
+                raise ValueError(f"ASSEMBLER_{name.upper()} needs ASSEMBLER_SCHEMA_REGISTRY_URL")
+        elif (self.schema_registry_user is None) != (self.schema_registry_password_file is None):
+            raise ValueError("ASSEMBLER_SCHEMA_REGISTRY_USER and "
+                             "ASSEMBLER_SCHEMA_REGISTRY_PASSWORD_FILE go together")
         return self
 
     @model_validator(mode="after")
@@ -425,6 +475,8 @@ _SECURITY = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_passw
              "sasl_password_file", "sasl_oauthbearer_token_file", "sasl_oauth_provider",
              "aws_region", "ssl_ca_file",
              "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", "ssl_check_hostname")
+_REGISTRY = ("schema_registry_url", "schema_registry_user", "schema_registry_password_file",
+             "schema_registry_ca_file", "schema_registry_subject_strategy")
 _KAFKA = ("bootstrap_servers", *_SECURITY)
 _TOPICS = ("input_topic", "prompts_topic", "audit_topic", "dlq_topic", "policies_topic")
 _CACHES = ("cache_facts_bytes", "cache_words_bytes", "cache_tokens_bytes")
@@ -444,11 +496,12 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
                 "max_message_bytes"),
     "tail": (*_KAFKA, "prompts_topic", "audit_topic", "dlq_topic"),
     "replay": (*_KAFKA, *_ASSEMBLING, "input_topic", "prompts_topic", "audit_topic",
-               "policies_topic", "compression_type"),
+               "policies_topic", "compression_type", *_REGISTRY),
     "serve": (*_SERVING, "log_level", *_ASSEMBLING),
     "policy": ("policy_file", *_KAFKA, "policies_topic"),
     "redrive": (*_KAFKA, "dlq_topic", "input_topic", "max_message_bytes", "compression_type"),
     "citations": ("max_event_bytes",),
+    "schemas register": (*_REGISTRY, *_TOPICS),
 }
 # A command may name a setting's flag its own way (produce sends to --topic), or offer none:
 # replay's --policy may also say `recorded`, so it is replay's own option.

@@ -38,7 +38,7 @@ from context_assembler.intake.recorded import (
     not_defaults,
     read_records_file,
 )
-from context_assembler.settings import Settings
+from context_assembler.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from context_assembler.kafka.replay.replay import ReplayReport, ReplayRequest
@@ -116,6 +116,41 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     for report in reports:
         print(report.render())
     return 1 if any(r.status == "differs" for r in reports) else 0
+
+
+@command
+def cmd_schemas_register(args: argparse.Namespace, settings: Settings) -> int:
+    """schemas register: exit 0 once the contract's schemas are registered under their
+    subjects, 1 when a subject refuses one as incompatible (then none is registered)."""
+    import asyncio
+
+    from context_assembler.kafka.registry import (
+        Incompatible,
+        RegistryUnavailable,
+        SchemaRegistry,
+    )
+
+    if settings.schema_registry_url is None:
+        raise SettingsError("schemas register needs ASSEMBLER_SCHEMA_REGISTRY_URL")
+    registry = SchemaRegistry(settings)
+
+    async def register() -> list[tuple[str, str, int]]:
+        try:
+            return [(contract.subject, contract.name, schema_id)
+                    for contract, schema_id in await registry.register()]
+        finally:
+            await registry.close()
+
+    try:
+        registered = asyncio.run(register())
+    except Incompatible as error:
+        print(f"context-assembler: {error}", file=sys.stderr)
+        return 1
+    except RegistryUnavailable as error:
+        raise SettingsError(f"ASSEMBLER_SCHEMA_REGISTRY_URL: {error}") from None
+    for subject, name, schema_id in registered:
+        print(f"{subject}: {name} schema id {schema_id}")
+    return 0
 
 
 @command
@@ -250,7 +285,11 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         stop = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
             asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-        return await replay(request, stop)
+        try:
+            return await replay(request, stop)
+        finally:
+            if request.schemas is not None:
+                await request.schemas.close()
 
     return _replay_summary(asyncio.run(run()), request, args.verbose)
 
@@ -260,6 +299,7 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
     the policy_file setting's flag: it may say `recorded`, and then the setting is the
     policy of the events without a published prompt."""
     from context_assembler.kafka.connection import kafka_security
+    from context_assembler.kafka.registry import SchemaRegistry
     from context_assembler.kafka.replay.replay import ReplayRequest
 
     span = topic_range(args)
@@ -289,6 +329,7 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
         policies=read_records_file(args.policies) if args.policies else None,
         compression=settings.producer_compression,
         security=kafka_security(settings),
+        schemas=SchemaRegistry(settings) if settings.schema_registry_url else None,
     )
 
 

@@ -141,6 +141,15 @@ def _add_topics(commands: Commands) -> None:
     _add_topic_sizes(create)
 
 
+def _add_schemas(commands: Commands) -> None:
+    schemas = commands.add_parser("schemas", help="the contract's schemas in a schema registry")
+    schemas_commands = schemas.add_subparsers(dest="schemas_command", required=True)
+    _command(schemas_commands, "register", kafka.cmd_schemas_register,
+             help="register the contract's JSON Schemas under their subjects, once each "
+             "passed the subject's compatibility check; exit 1 if one did not",
+             reads="schemas register")
+
+
 def _add_produce(commands: Commands) -> None:
     send = _command(commands, "produce", kafka.cmd_produce,
                     help="send JSONL events to the input topic")
@@ -238,8 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the traceback of an unexpected error")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (_add_assemble, _add_explain, _add_sweep, _add_worker, _add_acls, _add_topics,
-                _add_produce, _add_tail, _add_replay, _add_serve, _add_policy, _add_redrive,
-                _add_citations):
+                _add_schemas, _add_produce, _add_tail, _add_replay, _add_serve, _add_policy,
+                _add_redrive, _add_citations):
         add(commands)
     return parser
 

@@ -141,6 +141,13 @@ TOPIC_BINDINGS: dict[str, tuple[dict[str, str], int, str]] = {
 }
 
 
+# Optional, with a schema registry: the payload is this JSON framed as Confluent's serializers
+# frame it, and either is read (docs/schema-registry.md).
+FRAMING = ("JSON, or with a schema registry (ASSEMBLER_SCHEMA_REGISTRY_URL) the same JSON in "
+           "the Confluent wire format: byte 0, the registered schema id as 4 bytes big-endian, "
+           "then the JSON. Readers take either.")
+
+
 def _headers(properties: dict[str, dict[str, str]], required: list[str]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": required}
 
@@ -164,6 +171,7 @@ def _channel(topic: str, message: str, text: str) -> dict[str, Any]:
 def asyncapi() -> dict[str, Any]:
     messages: dict[str, Any] = {
         name: {"name": name, "contentType": "application/json",
+               "description": FRAMING,
                "payload": {"$ref": f"./{name}.schema.json"}}
         for name in RECORDS
     }

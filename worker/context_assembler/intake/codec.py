@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -245,7 +246,14 @@ def _too_long(
     )
 
 
-def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
+# Checks a decoded event against a schema of its own (a framed record's registered JSON
+# Schema), given its request_id; raises a RejectedInput.
+Check = Callable[[Any, str | None], None]
+
+
+def decode_event(
+    raw: bytes | Excerpt, limits: Limits, check: Check | None = None
+) -> RetrievalResult:
     if isinstance(raw, Excerpt):
         raise _over_limit(raw.length, limits)
     if len(raw) > limits.max_event_bytes:
@@ -259,6 +267,8 @@ def decode_event(raw: bytes | Excerpt, limits: Limits) -> RetrievalResult:
             f"{len(chunks)} chunks, over max_chunks={limits.max_chunks}",
             request_id,
         )
+    if check is not None:
+        check(obj, request_id)
     try:
         event = RetrievalResult.model_validate(obj)
     except ValidationError as error:

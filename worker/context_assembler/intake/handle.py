@@ -13,13 +13,16 @@ from __future__ import annotations
 from context_assembler.contract.models import RejectReason, RetrievalResult
 from context_assembler.engine import Assembly, Policy, assemble
 from context_assembler.engine.errors import PolicyError, PromptTooLarge, SpecialTokenInId
-from context_assembler.intake.codec import Excerpt, Limits, RejectedInput, decode_event
+from context_assembler.intake.codec import Check, Excerpt, Limits, RejectedInput, decode_event
 from context_assembler.intake.policies import PolicyRegistry
 
 
-def assemble_bytes(raw: bytes | Excerpt, registry: PolicyRegistry, limits: Limits) -> Assembly:
-    """Decode, pick the policy and assemble; every failure is a RejectedInput."""
-    event = decode_event(raw, limits)
+def assemble_bytes(
+    raw: bytes | Excerpt, registry: PolicyRegistry, limits: Limits, check: Check | None = None
+) -> Assembly:
+    """Decode (checked by `check` too, if given), pick the policy and assemble; every
+    failure is a RejectedInput."""
+    event = decode_event(raw, limits, check)
     policy = resolve_policy(registry, event)
     try:
         return assemble(event, policy)

@@ -30,6 +30,7 @@ one fails there first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import signal
@@ -51,7 +52,12 @@ from context_assembler.kafka.connection import kafka_security
 from context_assembler.kafka.delivery import Delivery, next_batch
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from context_assembler.kafka.records import Origin, OutRecord, value_of
-from context_assembler.kafka.runner import ENGINE_BATCH, PRODUCER_LINGER_MS, EventRunner
+from context_assembler.kafka.runner import (
+    ENGINE_BATCH,
+    PRODUCER_LINGER_MS,
+    EventRunner,
+    Stopped,
+)
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -147,7 +153,9 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
                 read_now = [(Origin.from_record(e.message), e) for e in events]
                 entries = delivery.read(read_now)
                 inputs = [(value_of(e.message), origin) for origin, e in read_now]
-                outcomes = await runner.process_all(inputs)
+                outcomes = []
+                with contextlib.suppress(Stopped):  # stopped waiting for the schema registry
+                    outcomes = await runner.process_all(inputs)
                 if runner.stopping.is_set():
                     # Unacked, so never committed, and unpublished, so redone once only:
                     # wait here until faust cancels the agent.

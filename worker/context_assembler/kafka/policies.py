@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from context_assembler.engine.policy import Policy
+from context_assembler.intake.framing import frame, unframed
 from context_assembler.intake.recorded import RecordedPolicies, record_bytes
 from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity, kafka_security
 from context_assembler.kafka.produce import check_topic
@@ -30,15 +31,19 @@ log = logging.getLogger(__name__)
 
 async def publish(servers: str, topic: str, policies: Sequence[Policy],
                   max_request_size: int, compression: str | None = None,
-                  security: KafkaSecurity = PLAINTEXT) -> None:
-    """Each policy's record, keyed by its hash; returns once the broker has them all."""
+                  security: KafkaSecurity = PLAINTEXT, schema_id: int | None = None) -> None:
+    """Each policy's record, keyed by its hash (framed with `schema_id`, if given); returns
+    once the broker has them all."""
     producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True,
                                 max_request_size=max_request_size,
                                 compression_type=compression, **security.client_args())
     try:
         await producer.start()
-        sent = [await producer.send(topic, record_bytes(p), key=p.hash.encode())
-                for p in policies]
+        values = [record_bytes(p) for p in policies]
+        if schema_id is not None:
+            values = [frame(schema_id, value) for value in values]
+        sent = [await producer.send(topic, value, key=p.hash.encode())
+                for p, value in zip(policies, values, strict=True)]
         await asyncio.gather(*sent)
     finally:
         await producer.stop()
@@ -49,15 +54,16 @@ class Recording:
 
     def __init__(self) -> None:
         self.problem: str | None = None  # the last thing that stopped it, if any
+        self.problems: list[str] = []  # what stopped an earlier step (the schema registry)
 
     def reason(self) -> str:
-        detail = self.problem or "publishing"
+        detail = self.problem or (self.problems[-1] if self.problems else "publishing")
         return f"not consuming yet: cannot record the policies: {detail}"
 
 
 async def publish_at_start(
     settings: Settings, policies: Sequence[Policy], stop: asyncio.Event,
-    recording: Recording | None = None,
+    recording: Recording | None = None, schema_id: int | None = None,
 ) -> bool:
     """True once every policy is on the policies topic; False if `stop` came first. Each new
     problem (a missing topic, a broker that does not answer) is logged once and kept in
@@ -70,7 +76,8 @@ async def publish_at_start(
         try:
             await check_topic(settings.bootstrap_servers, topic, security)
             await publish(settings.bootstrap_servers, topic, policies,
-                          settings.max_message_bytes, settings.producer_compression, security)
+                          settings.max_message_bytes, settings.producer_compression, security,
+                          schema_id)
         except (TopicError, KafkaError, TimeoutError) as error:
             problem = str(error) or type(error).__name__
             if problem != recording.problem:
@@ -92,7 +99,7 @@ async def read_policies(reader: TopicReader, topic: str) -> RecordedPolicies:
     recorded = RecordedPolicies(f"topic {topic}")
     spans = await reader.spans(topic)
     async for record in reader.read(topic, spans, compacted=True):
-        recorded.add(record.key or b"", record.value)
+        recorded.add(record.key or b"", None if record.value is None else unframed(record.value))
     return recorded
 
 

@@ -19,7 +19,8 @@ from typing import Protocol
 
 from context_assembler.contract.models import RejectReason
 from context_assembler.engine import Assembly
-from context_assembler.intake.codec import Limits, RejectedInput, encode
+from context_assembler.intake.codec import Check, Limits, RejectedInput, encode
+from context_assembler.intake.framing import Resolved, UnknownSchema, frame, split
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, Settings
@@ -236,6 +237,11 @@ class HandlerContext:
     dlq_topic: str
     worker: str  # named in dead letters as __connect.errors.connector.name
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # With a schema registry: the schemas of the ids the events handled name (None: no
+    # registry, so a framed event is rejected), and the ids the outputs are framed with.
+    schemas: Mapping[int, Resolved] | None = None
+    prompt_schema_id: int | None = None
+    audit_schema_id: int | None = None
 
     @classmethod
     def for_worker(cls, settings: Settings, registry: PolicyRegistry) -> HandlerContext:
@@ -289,10 +295,31 @@ def fit(
     return Outcome((cut(letter, limit(context.dlq_topic)),), None, rejected)
 
 
+def _unframed(raw: bytes, context: HandlerContext) -> tuple[bytes, Check | None]:
+    """An event's JSON, and the check of its registered schema if it is framed."""
+    schema_id, payload = split(raw)
+    if schema_id is None:
+        return raw, None
+    if context.schemas is None:
+        raise RejectedInput(RejectReason.SCHEMA, f"framed with schema id {schema_id}, but no "
+                            "schema registry is set (ASSEMBLER_SCHEMA_REGISTRY_URL)")
+    schema = context.schemas.get(schema_id) or UnknownSchema(schema_id, "not looked up")
+    if isinstance(schema, UnknownSchema):
+        raise schema.rejection()
+    return payload, schema.check
+
+
+def _framed(schema_id: int | None, payload: bytes) -> bytes:
+    return payload if schema_id is None else frame(schema_id, payload)
+
+
 def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
-    """Never raises for bad input: a dead letter is an outcome like any other."""
+    """Never raises for bad input: a dead letter is an outcome like any other. A framed
+    event is assembled from its JSON, checked against its schema first; the outputs are
+    framed with their own ids when the context has them."""
     try:
-        assembly = assemble_bytes(raw, context.registry, context.limits)
+        payload, check = _unframed(raw, context)
+        assembly = assemble_bytes(payload, context.registry, context.limits, check)
     except RejectedInput as rejected:
         return fit(Outcome((), None, rejected), raw, origin, context)
     headers: Headers = (
@@ -305,7 +332,9 @@ def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
         headers += ((TRACEPARENT, trace),)
     key = assembly.prompt.request_id.encode()
     outputs = (
-        OutRecord(context.prompts_topic, key, encode(assembly.prompt), headers),
-        OutRecord(context.audit_topic, key, encode(assembly.audit), headers),
+        OutRecord(context.prompts_topic, key,
+                  _framed(context.prompt_schema_id, encode(assembly.prompt)), headers),
+        OutRecord(context.audit_topic, key,
+                  _framed(context.audit_schema_id, encode(assembly.audit)), headers),
     )
     return fit(Outcome(outputs, assembly, None), raw, origin, context)

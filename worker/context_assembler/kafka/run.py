@@ -14,6 +14,7 @@ from context_assembler.intake.recorded import registry_policies
 from context_assembler.kafka.connection import kafka_security, start_up_problem
 from context_assembler.kafka.policies import Recording, publish_at_start
 from context_assembler.kafka.records import Handler, handle
+from context_assembler.kafka.registry import NotRegistered, SchemaRegistry, output_ids_at_start
 from context_assembler.kafka.runner import EventRunner
 from context_assembler.kafka.topics import TopicWatch, topic_watch, worker_topics
 from context_assembler.observability import logs
@@ -43,8 +44,13 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
     if problem:
         log.error("cannot start: %s", problem)
         return 2
+    try:
+        schemas = SchemaRegistry(settings) if settings.schema_registry_url else None
+    except SettingsError as error:
+        log.error("cannot start: %s", error)
+        return 2
     metrics = Metrics()
-    runner = EventRunner(settings, registry, metrics, handler)
+    runner = EventRunner(settings, registry, metrics, handler, schemas=schemas)
     policy = registry.default
     log.info(
         "starting on %s: %s -> %s, %s", settings.bootstrap_servers, settings.input_topic,
@@ -55,13 +61,13 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
                "input_topic": settings.input_topic, "group_id": settings.group_id},
     )
     try:
-        if not _record_policies(settings, registry_policies(registry), metrics):
+        if not _record_policies(settings, registry_policies(registry), metrics, runner, schemas):
             return 0  # stopped while waiting for the policies topic
         if settings.processing_guarantee == "exactly_once":
             asyncio.run(_run_transactional(settings, runner, metrics))
         else:
             _run_faust(settings, runner, metrics)  # faust's worker ends with SystemExit
-    except ListenError as error:
+    except (ListenError, NotRegistered) as error:
         log.error("cannot start: %s", error)
         return 2
     finally:
@@ -85,11 +91,13 @@ def _start_up_problem(settings: Settings) -> str | None:
         loop.close()
 
 
-def _record_policies(settings: Settings, policies: list[Policy], metrics: Metrics) -> bool:
-    """Publish the policies before either worker consumes; SIGTERM or SIGINT while waiting
-    for the topic stops the worker (False). Meanwhile /health answers and /ready says what
-    it waits for. A loop of its own, never made the current one: faust gets the same fresh
-    event loop it gets without this step."""
+def _record_policies(settings: Settings, policies: list[Policy], metrics: Metrics,
+                     runner: EventRunner, schemas: SchemaRegistry | None) -> bool:
+    """With a schema registry, look the output schemas' ids up (the runner frames its
+    outputs with them); then publish the policies before either worker consumes. SIGTERM
+    or SIGINT while waiting for the registry or the topic stops the worker (False).
+    Meanwhile /health answers and /ready says what it waits for. A loop of its own, never
+    made the current one: faust gets the same fresh event loop it gets without this step."""
     recording = Recording()
     server = HealthServer(metrics.exposition, lambda: False, settings.http_host,
                           settings.http_port, recording.reason)
@@ -97,7 +105,20 @@ def _record_policies(settings: Settings, policies: list[Policy], metrics: Metric
     async def record(stop: asyncio.Event) -> bool:
         await server.start()
         try:
-            return await publish_at_start(settings, policies, stop, recording)
+            policy_schema_id = None
+            if schemas is not None:
+                problems: list[str] = []
+                recording.problems = problems
+                ids = await output_ids_at_start(schemas, stop, problems)
+                await schemas.close()
+                if ids is None:
+                    return False
+                runner.frame_outputs(ids)
+                policy_schema_id = ids.policy
+                log.info("framing outputs with their registered schema ids", extra={
+                    "prompt_schema_id": ids.prompt, "audit_schema_id": ids.audit,
+                    "policy_schema_id": ids.policy})
+            return await publish_at_start(settings, policies, stop, recording, policy_schema_id)
         finally:
             await server.stop()  # the worker's own server takes the port over
 

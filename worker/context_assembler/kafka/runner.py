@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -39,6 +40,7 @@ from aiokafka.errors import (
 )
 from opentelemetry.trace import Span
 
+from context_assembler.intake.framing import Resolved, schema_id_of
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.kafka.codecs import undecodable
 from context_assembler.kafka.connection import acl_hint
@@ -52,6 +54,7 @@ from context_assembler.kafka.records import (
     handle,
     record_size,
 )
+from context_assembler.kafka.registry import OutputIds, RegistryUnavailable, SchemaRegistry
 from context_assembler.observability.metrics import Metrics
 from context_assembler.observability.summary import AssemblySummary
 from context_assembler.observability.tracing import Tracing
@@ -143,6 +146,7 @@ class EventRunner:
         metrics: Metrics,
         handler: Handler = handle,  # the benchmark swaps in a passthrough
         tracing: Tracing | None = None,  # default: from OTEL_EXPORTER_OTLP_ENDPOINT
+        schemas: SchemaRegistry | None = None,  # framed events' schemas, if a registry is set
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -152,6 +156,9 @@ class EventRunner:
         self._handler = handler
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._context = HandlerContext.for_worker(settings, registry)
+        self._schemas = schemas
+        if schemas is not None:
+            self._context = replace(self._context, schemas={})
         self._limits: dict[str, int] = {}  # learned from the broker's refusals, per topic
         self.stuck: dict[Attempts, str] = {}  # deliveries failing persistently, and why
         self.undecodable: str | None = None  # why input is no longer read (`cannot_decode`)
@@ -175,11 +182,36 @@ class EventRunner:
             log.error("%s; not reading any further until restarted, nothing is committed "
                       "past these records", self.undecodable)
 
-    def _handle(self, events: Sequence[tuple[bytes, Origin]]) -> list[tuple[Outcome, float]]:
+    def frame_outputs(self, ids: OutputIds) -> None:
+        """Frame prompts and audits with these registered ids from now on."""
+        self._context = replace(self._context, prompt_schema_id=ids.prompt,
+                                audit_schema_id=ids.audit)
+
+    async def _schemas_of(self, events: Sequence[tuple[bytes, Origin]]) -> dict[int, Resolved]:
+        """The schemas the framed events name, from the registry: while it does not answer,
+        retried with backoff (reported on /ready), holding these events and so, once
+        max-in-flight are held, reading; raises Stopped if the worker stops meanwhile."""
+        assert self._schemas is not None
+        ids = {schema_id for raw, _ in events if (schema_id := schema_id_of(raw)) is not None}
+        if not ids:
+            return {}
+        attempts = Attempts(self, "read schemas from the schema registry")
+        try:
+            while True:
+                try:
+                    return await self._schemas.resolve(ids)
+                except RegistryUnavailable as error:
+                    await attempts.failed(error)
+        finally:
+            attempts.close()
+
+    def _handle(
+        self, events: Sequence[tuple[bytes, Origin]], context: HandlerContext
+    ) -> list[tuple[Outcome, float]]:
         handled = []
         for raw, origin in events:
             started = time.perf_counter()
-            outcome = self._handler(raw, origin, self._context)
+            outcome = self._handler(raw, origin, context)
             handled.append((outcome, time.perf_counter() - started))
         return handled
 
@@ -189,10 +221,14 @@ class EventRunner:
 
     async def process_all(self, events: Sequence[tuple[bytes, Origin]]) -> list[Outcome]:
         """The events' outcomes, in order, from one trip to the engine thread: a trip per
-        event cost more than the Kafka path it feeds. Each event is in flight until `settle`d."""
+        event cost more than the Kafka path it feeds. Each event is in flight until `settle`d.
+        With a schema registry, the schemas the framed events name are fetched first."""
         loop = asyncio.get_running_loop()
         received_ns = time.time_ns() if self.tracing.enabled else 0
-        handled = await loop.run_in_executor(self._executor, self._handle, events)
+        context = self._context
+        if self._schemas is not None:
+            context = replace(context, schemas=await self._schemas_of(events))
+        handled = await loop.run_in_executor(self._executor, self._handle, events, context)
         return [
             self._processed(raw, origin, outcome, seconds, received_ns)
             for (raw, origin), (outcome, seconds) in zip(events, handled, strict=True)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from context_assembler.contract.models import AssembledPrompt, AssemblyAudit
 from context_assembler.diagnose.explain import printable
+from context_assembler.intake.framing import unframed
 from context_assembler.kafka.reader import Span, TopicReader
 from context_assembler.kafka.records import (
     ERR,
@@ -81,9 +82,9 @@ def render(kind: str, record: ConsumerRecord) -> str:
     value = value_of(record)
     try:
         if kind == "prompts":
-            line = _prompt_line(value)
+            line = _prompt_line(unframed(value))
         elif kind == "audit":
-            line = _audit_line(value)
+            line = _audit_line(unframed(value))
         else:
             line = _dead_letter_line(origin.key, value, origin.headers)
     except ValidationError:

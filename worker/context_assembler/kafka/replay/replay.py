@@ -5,8 +5,10 @@ group and its committed offsets are never touched. Each event goes through the w
 `handle`, so the same policy gives the same bytes the worker published. Under the recorded
 policies, each event is handled under the policy whose hash its published prompt carries,
 read from the policies topic (or a file); a hash not recorded stops the replay before it
-writes anything. Results are written whole or not at all: files are renamed into place at
-the end (`outputs`), topics are written in one transaction.
+writes anything. A framed event (a schema registry's wire format) is checked against its
+schema as the worker checks it when the registry is set, else its JSON is read unchecked;
+framed outputs are compared by their JSON. Results are written whole or not at all: files
+are renamed into place at the end (`outputs`), topics are written in one transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
@@ -25,6 +27,7 @@ from context_assembler.contract.models import AssembledPrompt
 from context_assembler.diagnose.compare import Comparison, compare
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.intake.codec import Limits, encode
+from context_assembler.intake.framing import schema_id_of, unframed
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.intake.recorded import PinnedRegistry, PolicyNotRecorded, RecordedPolicies
 from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity
@@ -42,6 +45,7 @@ from context_assembler.kafka.records import (
     header,
     value_of,
 )
+from context_assembler.kafka.registry import SchemaRegistry
 from context_assembler.kafka.replay.outputs import OutputFiles, Progress, output_files
 
 Coordinates = tuple[int, int]  # input partition, offset
@@ -76,6 +80,9 @@ class ReplayRequest:
     policies: RecordedPolicies | None = None
     compression: str | None = None  # --to-topic's producer: the worker's COMPRESSION_TYPE
     security: KafkaSecurity = PLAINTEXT
+    # A framed event is checked against its schema as the worker checks it, if set; else
+    # its JSON is read unchecked.
+    schemas: SchemaRegistry | None = None
 
 
 @dataclass
@@ -217,7 +224,14 @@ async def _replay_spans(
         ):
             async for record in reader.read(request.input_topic, spans):
                 origin, raw = Origin.from_record(record), value_of(record)
-                outcome = handle(raw, origin, context_for((origin.partition, origin.offset)))
+                context = context_for((origin.partition, origin.offset))
+                if request.schemas is None:
+                    raw = unframed(raw)
+                else:
+                    schema_id = schema_id_of(raw)
+                    ids = [] if schema_id is None else [schema_id]
+                    context = replace(context, schemas=await request.schemas.resolve(ids))
+                outcome = handle(raw, origin, context)
                 await _write(outcome, origin, raw, files, producer)
                 replayed.append(Replayed.of(origin, outcome))
                 progress.step()
@@ -327,7 +341,8 @@ async def _published(
             continue
         key = source[1:]
         if key in wanted:
-            hits.setdefault(key, value_of(record))  # at-least-once copies are identical
+            # At-least-once copies are identical; a framed output is compared by its JSON.
+            hits.setdefault(key, unframed(value_of(record)))
     return hits
 
 
@@ -355,7 +370,7 @@ async def find_recorded(
         audit = b""
         async for record in reader.read(audit_topic, spans):
             if record.key == request_id.encode():
-                latest, audit = Origin.from_record(record), value_of(record)
+                latest, audit = Origin.from_record(record), unframed(value_of(record))
         if latest is None:
             raise NotRecorded(f"no audit for request {request_id!r} on {audit_topic}")
         source = _source(latest.headers)
@@ -366,4 +381,4 @@ async def find_recorded(
                   async for record in reader.read(topic, [Span(partition, offset, offset + 1)])]
         if not events:
             raise NotRecorded(f"the input {topic}/{partition}/{offset} is no longer stored")
-        return events[-1], audit, f"{topic}/{partition}/{offset}"
+        return unframed(events[-1]), audit, f"{topic}/{partition}/{offset}"
