@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -282,3 +283,17 @@ def encode(record: BaseModel) -> bytes:
     models have no aliases, serializers or computed fields.
     """
     return orjson.dumps(record, default=_fields)
+
+
+# In UTF-8, what JSON may carry raw but no terminal should receive: DEL, the C1 controls
+# (U+0085 and U+009B, CSI, among them), the bidi controls and the line and paragraph
+# separators (diagnose.explain.printable escapes the same set in lines shown to people).
+_UNSHOWABLE = re.compile(
+    rb"\x7f|\xc2[\x80-\x9f]|\xd8\x9c|\xe2\x80[\x8e\x8f\xa8-\xae]|\xe2\x81[\xa6-\xa9]")
+
+
+def encode_error_record(record: ErrorRecord) -> bytes:
+    """`encode`, with what a terminal would act on written as JSON escapes (the same string
+    to a JSON reader): error records go to stderr by default, and they quote the input."""
+    return _UNSHOWABLE.sub(
+        lambda found: b"\\u%04x" % ord(found.group().decode()), encode(record))
