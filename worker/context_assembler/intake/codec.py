@@ -22,6 +22,7 @@ from context_assembler.engine.candidate import brief
 from context_assembler.engine.errors import ContextAssemblerError
 
 RAW_KEPT_BYTES: Final = 1024  # of an input, in its error record
+MAX_LIMIT: Final = 2**31 - 1
 MESSAGE_CHARS: Final = 2048  # of a rejection's message: it may quote untrusted strings
 
 
@@ -30,13 +31,15 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
-    max_chunks: int = Field(default=2000, ge=1)
-    max_chunk_chars: int = Field(default=100_000, ge=1)
-    max_question_chars: int = Field(default=20_000, ge=1)
+    # Each at most 2^31 - 1 (Kafka's sizes are 32-bit), so that none passes start and then
+    # fails every read: a file is read a line at a time in chunks of at most this many bytes.
+    max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1, le=MAX_LIMIT)
+    max_chunks: int = Field(default=2000, ge=1, le=MAX_LIMIT)
+    max_chunk_chars: int = Field(default=100_000, ge=1, le=MAX_LIMIT)
+    max_question_chars: int = Field(default=20_000, ge=1, le=MAX_LIMIT)
     # A kept chunk's id is copied into the drop of each of its copies (`duplicate_of`) and
     # printed as its label: its length bounds what one event's outputs cost per input byte.
-    max_chunk_id_chars: int = Field(default=256, ge=1)
+    max_chunk_id_chars: int = Field(default=256, ge=1, le=MAX_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,9 @@ def parse_time(text: str) -> int:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
+    if moment < _EPOCH:
+        raise RangeError(f"{text!r} is before 1970-01-01T00:00:00Z, where Kafka's record "
+                         "timestamps begin")
     return (moment - _EPOCH) // _MILLISECOND  # exact: float seconds * 1000 can fall 1 ms short
 
 
