@@ -33,6 +33,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from context_assembler.engine import caches
 from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.engine.operator_files import OperatorFileError, read_operator_file
 from context_assembler.intake.codec import Limits
 
 ENV_PREFIX: Final = "ASSEMBLER_"
@@ -57,6 +58,24 @@ MAX_COMMIT_INTERVAL_MS = 5_000
 
 class SettingsError(ContextAssemblerError, ValueError):
     """Invalid settings, each named by its ASSEMBLER_* variable (and its flag, if it has one)."""
+
+
+# The most a security file may hold: a password or a token (a Kubernetes service-account
+# token is about 1 KB), and a PEM certificate, key or CA bundle (the system's is ~220 KB).
+SECRET_FILE_BYTES: Final = 64 * 1024
+PEM_FILE_BYTES: Final = 4 * 2**20
+_SECRETS: Final = ("sasl_password_file", "sasl_oauthbearer_token_file", "ssl_key_password_file")
+
+
+def read_security_file(path: Path, name: str) -> bytes:
+    """The bytes of the file setting `name` names, read as the operator files are (a
+    regular file, opened without waiting, at most its kind's size); SettingsError naming
+    the variable otherwise."""
+    limit = SECRET_FILE_BYTES if name in _SECRETS else PEM_FILE_BYTES
+    try:
+        return read_operator_file(path, variable_of(name), limit)
+    except OperatorFileError as error:
+        raise SettingsError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -346,13 +365,12 @@ class Settings(BaseSettings):
     @field_validator("sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
                      "ssl_cert_file", "ssl_key_file", "ssl_key_password_file")
     @classmethod
-    def _readable_file(cls, path: Path | None) -> Path | None:
+    def _readable_file(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        """Read as every operator file is: a FIFO must not hang the start, nor a device
+        such as /dev/zero be read without end."""
         if path is not None:
-            try:
-                with path.open("rb") as stream:
-                    stream.read(1)
-            except OSError as error:
-                raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+            assert info.field_name is not None
+            read_security_file(path, info.field_name)
         return path
 
     @field_validator("input_topic", "prompts_topic", "audit_topic", "dlq_topic",

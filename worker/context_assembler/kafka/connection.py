@@ -29,7 +29,7 @@ from aiokafka.errors import (
 )
 from pydantic import SecretStr
 
-from context_assembler.settings import Settings, SettingsError
+from context_assembler.settings import Settings, SettingsError, read_security_file, variable_of
 
 
 class TokenFile(AbstractTokenProvider):  # type: ignore[misc]
@@ -43,7 +43,10 @@ class TokenFile(AbstractTokenProvider):  # type: ignore[misc]
         return await asyncio.to_thread(self.read)
 
     def read(self) -> str:
-        token = self.path.read_text(encoding="utf-8").strip()
+        """Each time as at start (`read_security_file`): rotated into a FIFO or a device,
+        the file stops the client with a line naming it, never hangs it or fills memory."""
+        token = _text(read_security_file(self.path, "sasl_oauthbearer_token_file"),
+                      "ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE", self.path).strip()
         if not token:
             raise SettingsError(f"ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE {self.path} is empty")
         return token
@@ -125,14 +128,18 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
 def _password(settings: Settings) -> SecretStr | None:
     if settings.sasl_password_file is None:
         return settings.sasl_password
-    return SecretStr(_read_secret(settings.sasl_password_file, "ASSEMBLER_SASL_PASSWORD_FILE"))
+    return SecretStr(_read_secret(settings.sasl_password_file, "sasl_password_file"))
 
 
-def _read_secret(path: Path, variable: str) -> str:
+def _read_secret(path: Path, name: str) -> str:
     """A secret file's text without its final newline (as `echo` and Kubernetes write it)."""
+    return _text(read_security_file(path, name), variable_of(name), path).rstrip("\r\n")
+
+
+def _text(data: bytes, variable: str, path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8").rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as error:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
         raise SettingsError(f"{variable}: cannot read {path}: {error}") from None
 
 
@@ -145,8 +152,7 @@ def _ssl_context(settings: Settings) -> ssl.SSLContext:
                             f"certificate could be loaded ({error})") from None
     context.check_hostname = settings.ssl_check_hostname
     if settings.ssl_cert_file is not None and settings.ssl_key_file is not None:
-        key_password = (_read_secret(settings.ssl_key_password_file,
-                                     "ASSEMBLER_SSL_KEY_PASSWORD_FILE")
+        key_password = (_read_secret(settings.ssl_key_password_file, "ssl_key_password_file")
                         if settings.ssl_key_password_file else None)
         try:
             context.load_cert_chain(settings.ssl_cert_file, settings.ssl_key_file, key_password)
