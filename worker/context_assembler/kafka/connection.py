@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
+    IllegalSaslStateError,
     KafkaConnectionError,
     KafkaError,
     SaslAuthenticationFailed,
@@ -164,6 +165,11 @@ def _ssl_context(settings: Settings) -> ssl.SSLContext:
     return context
 
 
+# What a client's start raises when the broker will not have this connection: it cannot be
+# reached or closes it, or (a SASL client at a listener without SASL) answers the SASL
+# handshake with ILLEGAL_SASL_STATE. `connection_problem` says which.
+REFUSED_CONNECTION = (KafkaConnectionError, IllegalSaslStateError)
+
 ACLS_HINT = "grant the ACLs `context-assembler acls --principal User:NAME` prints"
 _AUTHORIZATION_ERRORS = (TopicAuthorizationFailedError, GroupAuthorizationFailedError,
                          TransactionalIdAuthorizationFailed)
@@ -186,6 +192,10 @@ async def connection_problem(servers: str, security: KafkaSecurity) -> str | Non
     except SaslAuthenticationFailed:
         return (f"SASL authentication failed at {servers} ({security.describe()}): check "
                 f"{settings} and ASSEMBLER_SASL_MECHANISM")
+    except IllegalSaslStateError:
+        return (f"the broker at {servers} does not take SASL on this listener "
+                f"({security.describe()}): set ASSEMBLER_SECURITY_PROTOCOL to the listener's "
+                "(PLAINTEXT or SSL where it has no SASL)")
     except UnsupportedSaslMechanismError:
         return (f"the broker at {servers} does not accept ASSEMBLER_SASL_MECHANISM="
                 f"{security.mechanism} on this listener: set the mechanism it enables")

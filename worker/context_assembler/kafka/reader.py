@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaConnectionError, UnsupportedCodecError
+from aiokafka.errors import UnsupportedCodecError
 from aiokafka.structs import ConsumerRecord
 
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.kafka.codecs import Undecodable, undecodable
-from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity
+from context_assembler.kafka.connection import PLAINTEXT, REFUSED_CONNECTION, KafkaSecurity
 from context_assembler.kafka.topics import refused
 
 # A range ends at offsets known in advance: a fetch at a partition's end need not wait for
@@ -108,7 +108,7 @@ class TopicReader:
         """Raises TopicError when the broker cannot be reached."""
         try:
             await self._admin.start()
-        except KafkaConnectionError:
+        except REFUSED_CONNECTION:
             await self._consumer.stop()  # never started: only marks it closed
             await self._admin.close()
             raise await refused(self._servers, self._security) from None
