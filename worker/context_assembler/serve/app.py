@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ from context_assembler.intake.codec import Limits, RejectedInput, encode
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.observability.metrics import Metrics
+from context_assembler.observability.traceparent import valid_traceparent
 from context_assembler.observability.tracing import Tracing
 from context_assembler.settings import Settings
 
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 ASSEMBLE_PATH: Final = "/v1/assemble"
 JSON: Final = "application/json"
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 _STATUS: Final = {
     RejectReason.JSON: 400,
     RejectReason.ENGINE: 500,  # a bug, not the client's
@@ -230,18 +229,6 @@ async def _read_body(request: web.BaseRequest, limit: int, take: Callable[[int],
     return raw
 
 
-def _valid_traceparent(given: str) -> str | None:
-    """`given` if it is a W3C traceparent a tracer would continue (not version ff, no
-    all-zero id); None otherwise, so a forged one is never echoed or logged."""
-    found = _TRACEPARENT.fullmatch(given)
-    if found is None:
-        return None
-    version, trace_id, parent_id = found.groups()
-    if version == "ff" or int(trace_id, 16) == 0 or int(parent_id, 16) == 0:
-        return None
-    return given
-
-
 class Endpoint:
     """The routes; `close` stops the engine thread."""
 
@@ -288,7 +275,7 @@ class Endpoint:
         tracing = self.service.tracing
         span = (tracing.begin_request(request.method, ASSEMBLE_PATH, request.headers,
                                       time.time_ns()) if tracing.enabled else None)
-        trace = _valid_traceparent(request.headers.get("traceparent", ""))
+        trace = valid_traceparent(request.headers.get("traceparent", ""))
         with self._bodies.holding() as take:
             outcome, response = await self._respond(request, trace, take)
             if trace is not None:
