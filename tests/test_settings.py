@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -393,3 +394,38 @@ def test_a_tiny_cache_cap_changes_no_output(tmp_path: Path) -> None:
 def test_replay_from_before_1970_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--from-time", "1969-12-31T23:59:59Z"]) == 2
     assert "before 1970-01-01T00:00:00Z" in capsys.readouterr().err
+
+
+def test_a_misspelled_variable_is_named_with_the_closest_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("ASSEMBLER_SASL_PASWORD", "s3cret-value")
+    monkeypatch.setenv("ASSEMBLER_MAX_EVENTS_BYTES", "1")
+    monkeypatch.setenv("assembler_allowed_policys", "window-8k")
+    monkeypatch.setenv("ASSEMBLER_ZZZ", "1")
+    monkeypatch.setenv("ASSEMBLER_MAX_CHUNKS", "50")  # known: no warning
+    events = str(EXAMPLES / "events.jsonl")
+    assert main(["assemble", events, "--out", os.devnull]) == 0  # a warning, not an error
+    err = capsys.readouterr().err
+    assert err.splitlines()[:4] == [
+        "context-assembler: warning: ASSEMBLER_MAX_EVENTS_BYTES is not a setting and is "
+        "ignored; did you mean ASSEMBLER_MAX_EVENT_BYTES?",
+        "context-assembler: warning: ASSEMBLER_SASL_PASWORD is not a setting and is ignored; "
+        "did you mean ASSEMBLER_SASL_PASSWORD?",
+        "context-assembler: warning: ASSEMBLER_ZZZ is not a setting and is ignored; "
+        "docs/settings.md lists the settings",
+        "context-assembler: warning: assembler_allowed_policys is not a setting and is "
+        "ignored; did you mean ASSEMBLER_ALLOWED_POLICIES?",
+    ]
+    assert "s3cret-value" not in err and "MAX_CHUNKS" not in err
+
+
+def test_the_worker_logs_a_misspelled_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("ASSEMBLER_PROCESING_GUARANTEE", "exactly_once")
+    assert main(["worker", "--policy", str(tmp_path / "missing.toml")]) == 2  # stops at once
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert lines[0]["level"] == "WARNING" and lines[0]["message"] == (
+        "ASSEMBLER_PROCESING_GUARANTEE is not a setting and is ignored; did you mean "
+        "ASSEMBLER_PROCESSING_GUARANTEE?")

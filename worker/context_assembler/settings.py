@@ -11,6 +11,7 @@ Invalid settings fail at start with one message naming each bad one by variable 
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 import sys
@@ -554,6 +555,24 @@ def _named(location: tuple[int | str, ...], command: str | None) -> str:
     return variable_of(name) + (f" ({flag.option})" if flag is not None else "")
 
 
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ASSEMBLER_ variable of `environ` that names no setting (read, as
+    the settings are, whatever its case), with the closest one it may have meant. A warning,
+    not an error: the default it leaves in place is a safe one, and a variable of a newer or
+    older version must not stop a deployment."""
+    known = [name.upper() for name in Settings.model_fields]
+    warnings = []
+    for variable in sorted(environ):
+        shown = variable.upper()
+        if not shown.startswith(ENV_PREFIX) or shown.removeprefix(ENV_PREFIX) in known:
+            continue
+        closest = difflib.get_close_matches(shown.removeprefix(ENV_PREFIX), known, n=1)
+        hint = (f"did you mean {ENV_PREFIX}{closest[0]}?" if closest
+                else "docs/settings.md lists the settings")
+        warnings.append(f"{variable} is not a setting and is ignored; {hint}")
+    return warnings
+
+
 def load_settings(flags: Mapping[str, Any] | None = None, command: str | None = None) -> Settings:
     """The settings: each of `flags` (setting name -> the value given on `command`'s command
     line) over its ASSEMBLER_ variable, over its default."""
@@ -626,7 +645,9 @@ def reference() -> str:
         "environment variable or, where it has one, its command-line flag. A flag given wins "
         "over the variable, and the variable over the default. Invalid settings stop the "
         "command at start (exit 2) with one line naming each bad setting by its variable and "
-        "its flag. The security settings have no flag: a secret on a command line is visible "
+        "its flag. An `ASSEMBLER_` variable that names no setting (a misspelling) is named "
+        "in a warning on stderr (the worker logs it), with the closest setting, and ignored. "
+        "The security settings have no flag: a secret on a command line is visible "
         f"to every user of the machine. {renamed}",
         "",
         "| Variable | Flag | Type | Default | Description | Read by |",
