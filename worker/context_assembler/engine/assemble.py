@@ -33,7 +33,7 @@ from context_assembler.engine.assembling import Assembling
 from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.compress import extract_relevant
 from context_assembler.engine.dedup import CopyDetector, drop_repeated_ids
-from context_assembler.engine.errors import PromptTooLarge
+from context_assembler.engine.errors import PromptTooLarge, WrongArgument
 from context_assembler.engine.guard import guard
 from context_assembler.engine.order import arrange
 from context_assembler.engine.pack import Packed, Packing, pack
@@ -58,6 +58,7 @@ class Assembly:
 def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
     """The prompt and its audit for `event` under `policy`; raises PromptTooLarge when the
     instructions and the question alone overflow the window."""
+    _check_types(event, policy)
     counter = get_counter(policy.tokenizer.encoding)
     event = _without_special_tokens(event, policy)
     passed, dropped = guard(
@@ -71,6 +72,15 @@ def assemble(event: RetrievalResult, policy: Policy) -> Assembly:
     return _records(
         assembling, shown, fitted, [*dropped, *repeated, *unpacked, *fitted.shed, *overflowed]
     )
+
+
+def _check_types(event: object, policy: object) -> None:
+    """WrongArgument, naming the argument, unless `event` and `policy` are what `assemble`
+    takes: callers from untyped code get one of the documented errors."""
+    for name, value, kind in (("event", event, RetrievalResult), ("policy", policy, Policy)):
+        if not isinstance(value, kind):
+            raise WrongArgument(f"assemble: {name} must be a {kind.__name__}, not "
+                                f"{type(value).__name__}")
 
 
 def _without_special_tokens(event: RetrievalResult, policy: Policy) -> RetrievalResult:
