@@ -32,6 +32,7 @@ from typing import Final, cast
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
+from aiohttp.web_urldispatcher import _default_expect_handler  # the one aiohttp answers with
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge
 
 from context_assembler.contract.generate import openapi
@@ -57,6 +58,7 @@ _STATUS: Final = {
 # Of a rejection's message in a response or a log line: messages may quote the request.
 MESSAGE_CHARS: Final = 1024
 QUOTED_CHARS: Final = 100  # of a header quoted in a message
+_UNPARSED: Final = "UNKNOWN"  # the method of what aiohttp could not parse as a request
 _DEFAULT: Final = Settings.model_fields  # serve's settings, whose defaults are declared there
 
 
@@ -371,6 +373,19 @@ class Endpoint:
     async def openapi(self, _: web.Request) -> web.Response:
         return web.Response(body=self._openapi, content_type=JSON)
 
+    async def expect_continue(self, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: a body announced over max_event_bytes is answered 413 at
+        once, never invited with `100 Continue` first; any other is aiohttp's to continue."""
+        limit = self.service.limits.max_event_bytes
+        if request.content_length is not None and request.content_length > limit + len(BOM):
+            refused = _oversized(request, limit, read=False)
+            trace = valid_traceparent(request.headers.get("traceparent", ""))
+            response = self._rejected(refused.rejected, refused.status, 0.0, trace)
+            response.force_close()  # the body the client may send regardless is not read
+            return response
+        await _default_expect_handler(request)
+        return None
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
@@ -379,6 +394,14 @@ class Endpoint:
 async def json_routing_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's answers to an unknown path (404) and a method a path does not take (405) in
     the API's JSON, as the busy answer: `{"message": ...}`, the field every error body has."""
+    try:
+        return await _routed(request, handler)
+    finally:  # answered: the next bytes on the connection start the next request
+        if isinstance(request.protocol, _Connection):
+            request.protocol.message_start = None
+
+
+async def _routed(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPNotFound:
@@ -397,7 +420,7 @@ def build_app(service: Service) -> web.Application:
     """The application; its engine thread stops on cleanup."""
     endpoint = Endpoint(service)
     app = web.Application(middlewares=[json_routing_errors])
-    app.router.add_post(ASSEMBLE_PATH, endpoint.assemble)
+    app.router.add_post(ASSEMBLE_PATH, endpoint.assemble, expect_handler=endpoint.expect_continue)
     app.router.add_get("/metrics", endpoint.metrics)
     app.router.add_get("/health", endpoint.health)
     app.router.add_get("/ready", endpoint.readiness)
@@ -413,7 +436,15 @@ def build_app(service: Service) -> web.Application:
 
 class _Connection(web.RequestHandler):
     """aiohttp's handler of one connection, answering a request it cannot parse (and an
-    unexpected error) in the rejection shape, without quoting the request."""
+    unexpected error) in the rejection shape, without quoting the request; to a HEAD, as
+    every answer to a HEAD, without a body."""
+
+    message_start: bytes | None = None  # the first bytes of the request being received
+
+    def data_received(self, data: bytes) -> None:
+        if self.message_start is None:
+            self.message_start = data.lstrip(b"\r\n")[:5]
+        super().data_received(data)
 
     def handle_error(self, request: web.BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
@@ -428,7 +459,14 @@ class _Connection(web.RequestHandler):
         else:
             log.debug("not a valid HTTP request (%s)", what)
             rejected = RejectedInput(RejectReason.JSON, f"not a valid HTTP/1.1 request ({what})")
-        response = _rejection(rejected, status)
+        # Data aiohttp cannot parse reaches here as method UNKNOWN, answered once for the
+        # first request in it: its first bytes say whether that was a HEAD, whose answer
+        # has no body (a proxy would take one for the next answer on the connection).
+        unparsed = request.method == _UNPARSED
+        if request.method == hdrs.METH_HEAD or (unparsed and self.message_start == b"HEAD "):
+            response = web.Response(status=status, content_type=JSON)
+        else:
+            response = _rejection(rejected, status)
         response.force_close()
         return response
 
