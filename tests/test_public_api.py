@@ -74,3 +74,41 @@ def test_the_library_page_example_runs_as_written() -> None:
     assert lines[0].endswith("tokens in the prompt") and int(lines[0].split()[0]) > 0
     assert any(line.startswith("kept ") for line in lines)
     assert "dropped wcp-3-pumps access_denied" in lines
+
+
+EVENT = ca.RetrievalResult(request_id="r1", question="q")
+
+
+@pytest.mark.parametrize(("event", "policy", "named"), [
+    ("an event", ca.Policy(), "event must be a RetrievalResult or a mapping, not str"),
+    (None, ca.Policy(), "event must be a RetrievalResult or a mapping, not NoneType"),
+    (5, None, "event must be a RetrievalResult or a mapping, not int"),
+    ([], ca.Policy(), "event must be a RetrievalResult or a mapping, not list"),
+    (EVENT, "default", "policy must be a Policy, not str"),
+    (EVENT, None, "policy must be a Policy, not NoneType"),
+])
+def test_assemble_given_the_wrong_types_raises_the_documented_error(
+    event: object, policy: object, named: str,
+) -> None:
+    with pytest.raises(ca.ContextAssemblerError, match=named) as caught:
+        ca.assemble(event, policy)  # type: ignore[arg-type]
+    assert isinstance(caught.value, TypeError)  # and what Python raises for a wrong type
+
+
+@pytest.mark.parametrize("spec", [5, b"default", ["default"], 1.5])
+def test_load_policy_given_the_wrong_type_raises_the_documented_error(spec: object) -> None:
+    with pytest.raises(ca.ContextAssemblerError, match="load_policy: "):
+        ca.load_policy(spec)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("spec", ["a" * 5000, "p/" * 3000, "a\0b"])
+def test_a_policy_name_the_system_cannot_look_up_is_a_policy_error(spec: str) -> None:
+    with pytest.raises(ca.PolicyError, match="no such policy file or preset") as caught:
+        ca.load_policy(spec)
+    assert len(str(caught.value)) < 400  # the name is quoted cut
+
+
+def test_a_policy_file_may_be_named_by_a_path(tmp_path: Path) -> None:
+    policy = tmp_path / "tight.toml"
+    policy.write_text("[budget]\ncontext_tokens = 300\n")
+    assert ca.load_policy(policy) == ca.load_policy(str(policy))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import annotated_types
@@ -294,3 +297,139 @@ def test_the_engine_caches_take_the_byte_caps_the_settings_name(
         assert caches.CACHES["tokens"].max_bytes == defaults["tokens"]
     finally:
         caches.configure(**defaults)
+
+
+@pytest.mark.parametrize("name", ["a b", "x$(id)", "..", ".", "a" * 250, "*", "", "top\nic",
+                                  "tópico", "a/b"])
+@pytest.mark.parametrize("variable", ["ASSEMBLER_INPUT_TOPIC", "ASSEMBLER_PROMPTS_TOPIC",
+                                      "ASSEMBLER_AUDIT_TOPIC", "ASSEMBLER_DLQ_TOPIC",
+                                      "ASSEMBLER_POLICIES_TOPIC"])
+def test_a_topic_name_kafka_refuses_or_the_acl_wildcard_stops_the_start(
+    variable: str, name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(variable, name)
+    with pytest.raises(SettingsError, match=f"{variable} .*Kafka's rule|{variable} .*at least 1"):
+        load_settings()
+
+
+def test_every_topic_name_kafka_takes_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("a" * 249, "a.b_c-D9", "...", "_"):
+        monkeypatch.setenv("ASSEMBLER_INPUT_TOPIC", name)
+        assert load_settings().input_topic == name
+
+
+@pytest.mark.parametrize(("variable", "value", "problem"), [
+    ("ASSEMBLER_GROUP_ID", "*", "the ACL wildcard"),
+    ("ASSEMBLER_GROUP_ID", "  ", "may not be blank"),
+    ("ASSEMBLER_GROUP_ID", "g\x1b[2J", "control or line-break"),
+    ("ASSEMBLER_TRANSACTIONAL_ID", "", "may not be blank"),
+    ("ASSEMBLER_TRANSACTIONAL_ID", " ", "may not be blank"),
+    ("ASSEMBLER_TRANSACTIONAL_ID", "*", "the ACL wildcard"),
+    ("ASSEMBLER_TRANSACTIONAL_ID", "t\nx", "control or line-break"),
+])
+def test_a_blank_or_wildcard_group_or_transactional_id_stops_the_start(
+    variable: str, value: str, problem: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=f"{variable} .*{problem}"):
+        load_settings()
+
+
+@pytest.mark.parametrize("servers", [":", ":99999", ":-1", "[::1", "a:", "a:0", "a b:9092",
+                                     "k1:9092,", "k1:9092,:1", "[nope]:9092", "a:\uff19\uff10\uff19\uff12"])
+def test_bootstrap_servers_the_client_cannot_read_exit_2_naming_the_setting(
+    servers: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["tail", "prompts", "--bootstrap-servers", servers]) == 2
+    assert capsys.readouterr().err.startswith(
+        "context-assembler: invalid settings: ASSEMBLER_BOOTSTRAP_SERVERS (--bootstrap-servers): ")
+
+
+def test_every_broker_address_the_client_reads_is_taken() -> None:
+    for servers in ("localhost", "k1:9092,k2:9093", "[::1]:9092", "[::1]", "::1",
+                    "10.0.0.1:9092", " k1:1 , k2:65535"):
+        assert Settings(bootstrap_servers=servers).bootstrap_servers == servers
+
+
+@pytest.mark.parametrize("variable", [f"ASSEMBLER_{name.upper()}" for name in Limits.model_fields])
+def test_a_limit_beyond_32_bits_exits_2(
+    variable: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    events = tmp_path / "in.jsonl"
+    events.write_bytes((EXAMPLES / "events.jsonl").read_bytes())
+    monkeypatch.setenv(variable, str(10**30))
+    assert main(["assemble", str(events), "--out", os.devnull]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"context-assembler: invalid settings: {variable} ")
+    monkeypatch.setenv(variable, str(2**31 - 1))
+    assert main(["assemble", str(events), "--out", os.devnull]) == 0
+
+
+@pytest.mark.parametrize("cap", [1, 7, 191])
+def test_a_token_cache_cap_under_one_entry_still_keeps_one(cap: int) -> None:
+    from context_assembler.engine import caches
+
+    default = caches.CACHES["tokens"].max_bytes
+    assert default is not None
+    try:
+        caches.configure(tokens=cap)
+        cache = caches.count_cache("tokens")  # as a tokenizer first used after the start
+        assert cache.max_entries == 1
+    finally:
+        caches.configure(tokens=default)
+
+
+def test_a_tiny_cache_cap_changes_no_output(tmp_path: Path) -> None:
+    events = str(EXAMPLES / "events.jsonl")
+    outputs = []
+    for cap in ("1", None):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASSEMBLER_")}
+        if cap:
+            env.update(ASSEMBLER_CACHE_TOKENS_BYTES=cap, ASSEMBLER_CACHE_WORDS_BYTES=cap,
+                       ASSEMBLER_CACHE_FACTS_BYTES=cap)
+        done = subprocess.run([sys.executable, "-m", "context_assembler.cli", "assemble", events],
+                              env=env, capture_output=True, check=False)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert outputs[0] == outputs[1] and outputs[0]
+
+
+def test_replay_from_before_1970_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--from-time", "1969-12-31T23:59:59Z"]) == 2
+    assert "before 1970-01-01T00:00:00Z" in capsys.readouterr().err
+
+
+def test_a_misspelled_variable_is_named_with_the_closest_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("ASSEMBLER_SASL_PASWORD", "s3cret-value")
+    monkeypatch.setenv("ASSEMBLER_MAX_EVENTS_BYTES", "1")
+    monkeypatch.setenv("assembler_allowed_policys", "window-8k")
+    monkeypatch.setenv("ASSEMBLER_ZZZ", "1")
+    monkeypatch.setenv("ASSEMBLER_MAX_CHUNKS", "50")  # known: no warning
+    events = str(EXAMPLES / "events.jsonl")
+    assert main(["assemble", events, "--out", os.devnull]) == 0  # a warning, not an error
+    err = capsys.readouterr().err
+    assert err.splitlines()[:4] == [
+        "context-assembler: warning: ASSEMBLER_MAX_EVENTS_BYTES is not a setting and is "
+        "ignored; did you mean ASSEMBLER_MAX_EVENT_BYTES?",
+        "context-assembler: warning: ASSEMBLER_SASL_PASWORD is not a setting and is ignored; "
+        "did you mean ASSEMBLER_SASL_PASSWORD?",
+        "context-assembler: warning: ASSEMBLER_ZZZ is not a setting and is ignored; "
+        "docs/settings.md lists the settings",
+        "context-assembler: warning: assembler_allowed_policys is not a setting and is "
+        "ignored; did you mean ASSEMBLER_ALLOWED_POLICIES?",
+    ]
+    assert "s3cret-value" not in err and "MAX_CHUNKS" not in err
+
+
+def test_the_worker_logs_a_misspelled_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("ASSEMBLER_PROCESING_GUARANTEE", "exactly_once")
+    assert main(["worker", "--policy", str(tmp_path / "missing.toml")]) == 2  # stops at once
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert lines[0]["level"] == "WARNING" and lines[0]["message"] == (
+        "ASSEMBLER_PROCESING_GUARANTEE is not a setting and is ignored; did you mean "
+        "ASSEMBLER_PROCESSING_GUARANTEE?")

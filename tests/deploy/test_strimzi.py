@@ -114,7 +114,7 @@ def test_the_component_replaces_the_topics_job_with_the_kafkatopics(
     assert [obj for obj in rendered if obj["kind"] == "KafkaTopic"] == _topics()
 
 
-@pytest.mark.parametrize("topic", ["retrieval.results", "Retrieval_Results", "a" * 300, "___"])
+@pytest.mark.parametrize("topic", ["retrieval.results", "Retrieval_Results", "a" * 249, "___"])
 def test_a_topic_name_kubernetes_refuses_gets_a_resource_name_and_its_topicname(
     topic: str,
 ) -> None:

@@ -10,10 +10,18 @@ from pydantic import BaseModel
 
 from context_assembler.contract import models
 from context_assembler.contract.models import RejectReason, RetrievalResult
+from context_assembler.diagnose.explain import printable
 from context_assembler.engine import Policy, assemble
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.engine.policy import policy_from_mapping
-from context_assembler.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
+from context_assembler.intake.codec import (
+    Excerpt,
+    Limits,
+    RejectedInput,
+    decode_event,
+    encode,
+    encode_error_record,
+)
 
 
 def reject(raw: bytes | Excerpt, limits: Limits | None = None) -> RejectedInput:
@@ -269,3 +277,15 @@ def test_encode_writes_what_pydantic_json_mode_writes() -> None:
         assert encode(record) == orjson.dumps(record.model_dump(mode="json"))
     with pytest.raises(TypeError):
         encode(RetrievalResult.model_construct(request_id="r", question="q", chunks={1, 2}))  # type: ignore[arg-type]
+
+
+@given(st.text(), st.text())
+def test_an_error_record_says_the_same_in_json_with_nothing_a_terminal_acts_on(
+    request_id: str, raw: str,
+) -> None:
+    rejected = RejectedInput(RejectReason.SCHEMA, f"bad {raw}", request_id)
+    record = rejected.record("in.jsonl:1", raw.encode("utf-8", "replace"))
+    shown = encode_error_record(record)
+    assert json.loads(shown) == json.loads(encode(record))
+    text = shown.decode()
+    assert printable(text) == text  # no control, bidi or line-separator character left raw

@@ -56,9 +56,9 @@ def test_the_docs_table_lists_the_same_operations() -> None:
 def test_kafka_acls_commands_name_the_configured_topics_group_and_prefix(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("ASSEMBLER_INPUT_TOPIC", "in put")  # quoted for the shell
+    monkeypatch.setenv("ASSEMBLER_INPUT_TOPIC", "in.put")
     monkeypatch.setenv("ASSEMBLER_PROCESSING_GUARANTEE", "exactly_once")
-    monkeypatch.setenv("ASSEMBLER_GROUP_ID", "g")
+    monkeypatch.setenv("ASSEMBLER_GROUP_ID", "g $(id)'")  # a group id Kafka takes; quoted
     assert main(["acls", "--principal", "User:svc", "--bootstrap-servers", "k:9093"]) == 0
     granted = set()
     for line in capsys.readouterr().out.splitlines():
@@ -70,9 +70,9 @@ def test_kafka_acls_commands_name_the_configured_topics_group_and_prefix(
                        if w in {"--topic", "--group", "--transactional-id"}]
         prefixed = "--resource-pattern-type" in words
         granted |= {(resource, op, prefixed) for op in operations}
-    assert (("--topic", "in put"), "Read", False) in granted
-    assert (("--group", "g"), "Read", False) in granted
-    assert (("--transactional-id", "g-"), "Write", True) in granted
+    assert (("--topic", "in.put"), "Read", False) in granted
+    assert (("--group", "g $(id)'"), "Read", False) in granted
+    assert (("--transactional-id", "g $(id)'-"), "Write", True) in granted
     assert len(granted) == 13  # 11, and the transactional prefix's 2
 
 
@@ -102,3 +102,58 @@ def test_the_strimzi_user_grants_the_same_acls(
 def test_a_principal_must_be_a_user(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["acls", "--principal", "svc"]) == 2
     assert "expected User:NAME" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("principal", "problem"), [
+    ("User:*", "the wildcard (every user)"),
+    ("User:a\nb", "control or line-break"),
+    ("User:a\rUser:b", "control or line-break"),
+    ("User:\x1b]52;c;b3duZWQ=\x07", "control or line-break"),
+    ("User:a\u202eb", "control or line-break"),
+    ("User: ", "expected User:NAME"),
+])
+def test_a_wildcard_or_unprintable_principal_is_refused(
+    principal: str, problem: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    for form in ("kafka-acls", "strimzi"):
+        assert main(["acls", "--principal", principal, "--format", form]) == 2
+        captured = capsys.readouterr()
+        assert problem in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("principal", ["User:Assembler", "User:CN=my_app", "User:a..b",
+                                       "User:-a", "User:" + "a" * 254, "User:CN=a b"])
+def test_a_strimzi_user_kubernetes_would_refuse_is_refused(
+    principal: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["acls", "--principal", principal, "--format", "strimzi"]) == 2
+    assert "DNS-1123" in capsys.readouterr().err
+    assert main(["acls", "--principal", principal]) == 0  # a Kafka principal all the same
+
+
+def test_a_strimzi_cluster_label_kubernetes_would_refuse_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for cluster in ("a b", "-a", "a" * 64, "x\ny"):
+        assert main(["acls", "--principal", "User:a", "--format", "strimzi",
+                     f"--strimzi-cluster={cluster}"]) == 2
+        assert "is not a label value" in capsys.readouterr().err
+    assert main(["acls", "--principal", "User:CN=app.prod", "--format", "strimzi",
+                 "--strimzi-cluster", "prod_1.a"]) == 0
+    assert 'name: "app.prod"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("ASSEMBLER_INPUT_TOPIC", "*"), ("ASSEMBLER_DLQ_TOPIC", "*"),
+    ("ASSEMBLER_GROUP_ID", "*"), ("ASSEMBLER_TRANSACTIONAL_ID", "*"),
+    ("ASSEMBLER_INPUT_TOPIC", "x$(id)"), ("ASSEMBLER_TRANSACTIONAL_ID", ""),
+])
+def test_acls_never_grants_on_a_wildcard_or_an_invalid_name(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("ASSEMBLER_PROCESSING_GUARANTEE", "exactly_once")
+    assert main(["acls", "--principal", "User:a"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and variable in captured.err

@@ -47,15 +47,18 @@ def run(raw: bytes, headers: tuple[tuple[str, bytes], ...] = ()) -> Outcome:
     return handle(raw, origin(headers), CONTEXT)
 
 
+TRACE = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # W3C's own example
+
+
 def test_a_good_event_gives_a_prompt_and_an_audit_with_the_file_modes_bytes() -> None:
-    outcome = run(GOOD, (("traceparent", b"00-abc-def-01"), ("other", b"x")))
+    outcome = run(GOOD, (("traceparent", TRACE), ("other", b"x")))
     prompt, audit = outcome.records
     expected = assemble(RetrievalResult.model_validate_json(GOOD), Policy())
     assert (prompt.topic, audit.topic) == ("prompts", "audit")
     assert prompt.value == encode(expected.prompt) and audit.value == encode(expected.audit)
     assert prompt.key == audit.key == b"q30-staff"
     headers = dict(prompt.headers)
-    assert headers["traceparent"] == b"00-abc-def-01"
+    assert headers["traceparent"] == TRACE
     assert headers["context-assembler.source.partition"] == b"2"
     assert headers["context-assembler.source.offset"] == b"41"
     assert "other" not in headers  # only the trace context is propagated
@@ -76,6 +79,18 @@ def test_a_bad_event_becomes_one_dead_letter_in_kafka_connects_format() -> None:
     assert headers["traceparent"] == b"t"
 
 
+@pytest.mark.parametrize("forged", [
+    b"00-abc-def-01", b"t", b"\x1b[2J", b"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    b"00-00000000000000000000000000000000-b7ad6b7169203331-01",
+    b"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+    b"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01", TRACE + b" ", TRACE * 100,
+    b"\xff" + TRACE[1:],
+])
+def test_an_invalid_traceparent_is_not_copied_onto_the_outputs(forged: bytes) -> None:
+    for record in run(GOOD, (("traceparent", forged),)).records:
+        assert "traceparent" not in dict(record.headers)
+
+
 def test_an_unknown_policy_is_a_transformation_error() -> None:
     raw = orjson.dumps({"request_id": "r2", "question": "q", "policy": "nope"})
     (letter,) = run(raw).records
@@ -94,7 +109,7 @@ def test_the_output_headers_are_the_ones_the_asyncapi_file_lists() -> None:
 
     messages = asyncapi()["components"]["messages"]
     for traced in (False, True):
-        headers = (("traceparent", b"00-abc-def-01"),) if traced else ()
+        headers = (("traceparent", TRACE),) if traced else ()
         for record, name in zip(run(GOOD, headers).records,
                                 ("assembled-prompt", "assembly-audit"), strict=True):
             described = messages[name]["headers"]

@@ -151,3 +151,22 @@ def test_a_dead_letter_cut_to_fit_is_skipped(topics: Topics) -> None:
 def test_an_unreadable_count_is_taken_as_at_the_maximum() -> None:
     origin = Origin("d", 0, 0, None, ((REDRIVES, b"lots"),), None)
     assert letter_of(origin).redrives >= 1 << 30
+
+
+@pytest.mark.parametrize("count", [b"-1000000", b"-1", b"+1", b" 2", b"2 ", b"1_0", b"\xd9\xa1",
+                                   b"0x1", b"1" * 10, b"", b"\xff"])
+def test_a_count_that_is_not_a_plain_decimal_is_taken_as_at_the_maximum(count: bytes) -> None:
+    origin = Origin("d", 0, 0, None, ((REDRIVES, count),), None)
+    assert letter_of(origin).redrives >= 1 << 30
+
+
+def test_plain_decimal_counts_and_no_count_are_read_as_they_are() -> None:
+    for count, expected in ((b"0", 0), (b"2", 2), (b"007", 7), (b"999999999", 999_999_999)):
+        assert letter_of(Origin("d", 0, 0, None, ((REDRIVES, count),), None)).redrives == expected
+    assert letter_of(Origin("d", 0, 0, None, (), None)).redrives == 0
+
+
+def test_a_forged_negative_count_is_skipped_by_max_redrives(topics: Topics) -> None:
+    reject(topics, BAD, ((REDRIVES, b"-1000000"),))
+    report = asyncio.run(redrive(request(max_redrives=3)))
+    assert [str(x.origin) for x in report.at_maximum] == [f"d/0/{len(NAMING) + 1}"]

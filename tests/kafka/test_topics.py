@@ -225,12 +225,12 @@ def test_topics_prints_the_kafka_topics_commands_of_what_create_makes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["topics", "--bootstrap-servers", "kafka:9093", "--partitions", "3",
-                 "--replication-factor", "3", "--policies-topic", "my policies"]) == 0
+                 "--replication-factor", "3", "--policies-topic", "my.policies"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    specs = worker_topics(Settings(policies_topic="my policies"), 3, 3)
+    specs = worker_topics(Settings(policies_topic="my.policies"), 3, 3)
     assert len(lines) == len(specs)
     for line, spec in zip(lines, specs, strict=True):
-        words = shlex.split(line)  # a name with a space stays one word
+        words = shlex.split(line)
         assert words[:8] == ["kafka-topics", "--bootstrap-server", "kafka:9093",
                              "--command-config", "admin.properties", "--create", "--topic",
                              spec.name]

@@ -618,3 +618,75 @@ async def test_a_client_that_does_not_read_its_answer_is_cut_off() -> None:
             assert service.metrics.registry.get_sample_value("context_assembler_http_body_bytes") == 0
         finally:
             await server.stop()
+
+
+async def test_expect_100_continue_over_the_limit_is_answered_413_without_100_continue(
+    server: tuple[Service, Server],
+) -> None:
+    """The client waits for `100 Continue` before sending 2 GB: it gets the 413 first, and
+    nothing is read."""
+    _, running = server
+    assert running.port is not None
+    answer = await raw_exchange(running.port, (
+        b"POST /v1/assemble HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2147483648\r\nExpect: 100-continue\r\n\r\n"))
+    assert not answer.startswith(b"HTTP/1.1 100"), answer[:200]
+    status, _, body = head_and_body(answer)
+    assert status.split()[1] == b"413", status
+    assert json.loads(body)["reason"] == "limits"
+    assert "2147483648 bytes, over max_event_bytes" in json.loads(body)["message"]
+
+
+async def test_expect_100_continue_within_the_limit_is_continued_and_assembled(
+    served: tuple[Service, str],
+) -> None:
+    _, url = served
+    status, data, _ = await post(url, GOOD, Expect="100-continue")
+    assert status == 200 and json.loads(data)["prompt"]["request_id"]
+
+
+@pytest.mark.parametrize("target", [b"/v1/assemble?\x01", b"http://[/", b"/%", b"\x7f",
+                                    b"/v1/assemble#\x00"])
+async def test_a_head_request_gets_no_body_whatever_its_target(
+    server: tuple[Service, Server], target: bytes,
+) -> None:
+    _, running = server
+    assert running.port is not None
+    answer = await raw_exchange(
+        running.port, b"HEAD " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    status, _, body = head_and_body(answer)
+    assert status.split()[1].startswith(b"4"), status
+    assert body == b"", answer
+
+
+async def test_a_head_after_another_request_on_the_connection_gets_no_body(
+    server: tuple[Service, Server],
+) -> None:
+    _, running = server
+    assert running.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answered = await reader.readuntil(b'{"status": "ok"}')
+        writer.write(b"HEAD /v1/assemble?\x01 HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    assert answered.startswith(b"HTTP/1.1 200")
+    status, _, body = head_and_body(answer)
+    assert status.split()[1] == b"400" and body == b"", answer
+
+
+async def test_pipelined_requests_aiohttp_cannot_parse_are_answered_as_the_first_of_them(
+    server: tuple[Service, Server],
+) -> None:
+    """aiohttp answers data it cannot parse once, for the first request in it: a body unless
+    that one is a HEAD."""
+    _, running = server
+    assert running.port is not None
+    get, bad_head = (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+                     b"HEAD /v1/assemble?\x01 HTTP/1.1\r\nHost: x\r\n\r\n")
+    for data, bodiless in ((bad_head + get, True), (get + bad_head, False)):
+        status, headers, body = head_and_body(await raw_exchange(running.port, data))
+        assert status.split()[1] == b"400"
+        assert (body == b"") is bodiless and int(headers["content-length"]) == len(body)

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Final
 
 from context_assembler.engine.errors import ContextAssemblerError
-from context_assembler.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits, RejectedInput, encode
+from context_assembler.intake.codec import (
+    RAW_KEPT_BYTES,
+    Excerpt,
+    Limits,
+    RejectedInput,
+    encode,
+    encode_error_record,
+)
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.intake.recorded import record_bytes, registry_policies
@@ -109,7 +116,7 @@ def run(
             try:
                 assembly = assemble_bytes(line, registry, limits)
             except RejectedInput as rejected:
-                errors.write(encode(rejected.record(f"{name}:{number}", line)) + b"\n")
+                errors.write(encode_error_record(rejected.record(f"{name}:{number}", line)) + b"\n")
                 totals.rejected += 1
                 totals.reasons[rejected.reason] = totals.reasons.get(rejected.reason, 0) + 1
                 continue

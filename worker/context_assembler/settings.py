@@ -11,7 +11,10 @@ Invalid settings fail at start with one message naming each bad one by variable 
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import ipaddress
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from copy import copy
@@ -23,6 +26,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -31,6 +35,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from context_assembler.engine import caches
 from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.engine.operator_files import OperatorFileError, read_operator_file
 from context_assembler.intake.codec import Limits
 
 ENV_PREFIX: Final = "ASSEMBLER_"
@@ -60,6 +65,24 @@ class SettingsError(ContextAssemblerError, ValueError):
     """Invalid settings, each named by its ASSEMBLER_* variable (and its flag, if it has one)."""
 
 
+# The most a security file may hold: a password or a token (a Kubernetes service-account
+# token is about 1 KB), and a PEM certificate, key or CA bundle (the system's is ~220 KB).
+SECRET_FILE_BYTES: Final = 64 * 1024
+PEM_FILE_BYTES: Final = 4 * 2**20
+_SECRETS: Final = ("sasl_password_file", "sasl_oauthbearer_token_file", "ssl_key_password_file")
+
+
+def read_security_file(path: Path, name: str) -> bytes:
+    """The bytes of the file setting `name` names, read as the operator files are (a
+    regular file, opened without waiting, at most its kind's size); SettingsError naming
+    the variable otherwise."""
+    limit = SECRET_FILE_BYTES if name in _SECRETS else PEM_FILE_BYTES
+    try:
+        return read_operator_file(path, variable_of(name), limit)
+    except OperatorFileError as error:
+        raise SettingsError(str(error)) from None
+
+
 @dataclass(frozen=True)
 class Flag:
     """The command-line option of a setting; `repeatable`: given once per value."""
@@ -82,8 +105,66 @@ def _cache(name: str, description: str) -> Any:
 
 
 def _topic(name: str, description: str) -> Any:
-    """A topic's setting: its default name (never empty) and what goes through it."""
-    return Field(default=name, min_length=1, description=description)
+    """A topic's setting: its default name (a name Kafka takes) and what goes through it."""
+    return Field(default=name, min_length=1,
+                 description=f"{description} A topic name as Kafka takes it: {TOPIC_RULE}.")
+
+
+# Kafka's own rule for a topic name (org.apache.kafka.common.internals.Topic): so no `*`,
+# the wildcard of an ACL, and nothing a shell or a YAML file would read otherwise.
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+TOPIC_RULE: Final = ("letters, digits, '.', '_' and '-', 1 to 249 characters, not '.' or '..' "
+                     "(Kafka's rule)")
+_WILDCARD: Final = "*"
+
+
+def topic_problem(name: str) -> str | None:
+    """Why Kafka would refuse `name` as a topic name, None if it takes it."""
+    if _TOPIC_NAME.fullmatch(name) and name not in (".", ".."):
+        return None
+    return f"{name!r} is not a topic name: {TOPIC_RULE}"
+
+
+def name_problem(name: str, what: str) -> str | None:
+    """Why `name` cannot name a group or a transactional id: blank, the ACL wildcard `*`,
+    or holding a control, format or line-break character. None if it can."""
+    if not name.strip():
+        return f"a {what} may not be blank"
+    if name == _WILDCARD:
+        return f"{name!r} is the ACL wildcard (every {what}), not a {what}"
+    if not name.isprintable():
+        return f"{name!r}: a {what} may not hold control or line-break characters"
+    return None
+
+
+def bootstrap_problem(servers: str) -> str | None:
+    """Why `servers` is not a list of host[:port] pairs the Kafka client can read."""
+    for entry in servers.split(","):
+        address = entry.strip()
+        if address.startswith("["):  # [IPv6]:port
+            host, closed, rest = address[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else None
+            valid = bool(closed) and _ipv6(host) and (not rest or port is not None)
+        elif address.count(":") > 1 and _ipv6(address):  # a bare IPv6 address
+            host, port, valid = address, None, True
+        else:
+            host, colon, given = address.rpartition(":") if ":" in address else (address, "", "")
+            port = given if colon else None
+            valid = bool(host) and not any(c.isspace() or c in "/@[]" for c in host)
+        if valid and port is not None:
+            valid = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+        if not valid:
+            return (f"{entry!r} is not a broker address: expected host:port (port 1 to 65535) "
+                    "or [IPv6]:port, comma-separated")
+    return None
+
+
+def _ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _codec_available(codec_name: str) -> bool:
@@ -106,7 +187,8 @@ class Settings(BaseSettings):
     # Kafka: where, and which topics and group.
     bootstrap_servers: Annotated[str, Flag("--bootstrap-servers")] = Field(
         default="127.0.0.1:9092", min_length=1,
-        description="The Kafka brokers to connect to, comma-separated host:port pairs.")
+        description="The Kafka brokers to connect to, comma-separated host:port pairs "
+        "([IPv6]:port for an IPv6 address; port 1 to 65535).")
     input_topic: Annotated[str, Flag("--input-topic")] = _topic(
         "retrieval.results", "The RetrievalResult events the worker reads.")
     prompts_topic: Annotated[str, Flag("--prompts-topic")] = _topic(
@@ -122,7 +204,8 @@ class Settings(BaseSettings):
         "before any event is consumed (replay --policy recorded reads it).")
     group_id: Annotated[str, Flag("--group-id")] = Field(
         default="context-assembler", min_length=1,
-        description="The consumer group: workers of one group split the input partitions.")
+        description="The consumer group: workers of one group split the input partitions. "
+        "Not blank, not `*` (the ACL wildcard), no control characters.")
     # Policies and the limits on events: every command that assembles reads them.
     policy_file: Annotated[str | None, Flag("--policy")] = Field(
         default=None, description="The service policy: a TOML file or a preset name; unset: "
@@ -162,7 +245,7 @@ class Settings(BaseSettings):
         default=None,
         description="exactly_once only: the prefix of the transactional ids, one per input "
         "partition (<prefix>-<topic>-<partition>), the same on every replica, so that a "
-        "partition's next owner fences its previous one. Unset: the group id.",
+        "partition's next owner fences its previous one. Unset: the group id; never blank or `*`.",
     )
     commit_interval_ms: Annotated[int | None, Flag("--commit-interval-ms")] = Field(
         default=None, ge=0, le=MAX_COMMIT_INTERVAL_MS,
@@ -330,14 +413,39 @@ class Settings(BaseSettings):
                      "ssl_cert_file", "ssl_key_file", "ssl_key_password_file",
                      "schema_registry_password_file", "schema_registry_ca_file")
     @classmethod
-    def _readable_file(cls, path: Path | None) -> Path | None:
+    def _readable_file(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        """Read as every operator file is: a FIFO must not hang the start, nor a device
+        such as /dev/zero be read without end."""
         if path is not None:
-            try:
-                with path.open("rb") as stream:
-                    stream.read(1)
-            except OSError as error:
-                raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+            assert info.field_name is not None
+            read_security_file(path, info.field_name)
         return path
+
+    @field_validator("input_topic", "prompts_topic", "audit_topic", "dlq_topic",
+                     "policies_topic")
+    @classmethod
+    def _topic_name(cls, value: str) -> str:
+        problem = topic_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("group_id", "transactional_id")
+    @classmethod
+    def _group_or_transactional_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        what = "group id" if info.field_name == "group_id" else "transactional id"
+        problem = None if value is None else name_problem(value, what)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _broker_addresses(cls, value: str) -> str:
+        problem = bootstrap_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _coherent_security(self) -> Settings:
@@ -535,6 +643,24 @@ def _named(location: tuple[int | str, ...], command: str | None) -> str:
     return variable_of(name) + (f" ({flag.option})" if flag is not None else "")
 
 
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ASSEMBLER_ variable of `environ` that names no setting (read, as
+    the settings are, whatever its case), with the closest one it may have meant. A warning,
+    not an error: the default it leaves in place is a safe one, and a variable of a newer or
+    older version must not stop a deployment."""
+    known = [name.upper() for name in Settings.model_fields]
+    warnings = []
+    for variable in sorted(environ):
+        shown = variable.upper()
+        if not shown.startswith(ENV_PREFIX) or shown.removeprefix(ENV_PREFIX) in known:
+            continue
+        closest = difflib.get_close_matches(shown.removeprefix(ENV_PREFIX), known, n=1)
+        hint = (f"did you mean {ENV_PREFIX}{closest[0]}?" if closest
+                else "docs/settings.md lists the settings")
+        warnings.append(f"{variable} is not a setting and is ignored; {hint}")
+    return warnings
+
+
 def load_settings(flags: Mapping[str, Any] | None = None, command: str | None = None) -> Settings:
     """The settings: each of `flags` (setting name -> the value given on `command`'s command
     line) over its ASSEMBLER_ variable, over its default."""
@@ -607,7 +733,9 @@ def reference() -> str:
         "environment variable or, where it has one, its command-line flag. A flag given wins "
         "over the variable, and the variable over the default. Invalid settings stop the "
         "command at start (exit 2) with one line naming each bad setting by its variable and "
-        "its flag. The security settings have no flag: a secret on a command line is visible "
+        "its flag. An `ASSEMBLER_` variable that names no setting (a misspelling) is named "
+        "in a warning on stderr (the worker logs it), with the closest setting, and ignored. "
+        "The security settings have no flag: a secret on a command line is visible "
         f"to every user of the machine. {renamed}",
         "",
         "| Variable | Flag | Type | Default | Description | Read by |",

@@ -29,6 +29,7 @@ from context_assembler.settings import (
     flag_of,
     load_settings,
     shown_default,
+    unknown_variables,
     variable_of,
 )
 
@@ -154,7 +155,11 @@ def read_settings(args: argparse.Namespace) -> Settings:
     """The settings of the command `args` were parsed for: its flags given, over the
     environment, over the defaults."""
     given = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
-    return load_settings(given, args.settings_of)
+    settings = load_settings(given, args.settings_of)
+    if args.settings_of != "worker":  # the worker logs them, as JSON lines
+        for warning in unknown_variables(os.environ):
+            note(f"context-assembler: warning: {warning}")
+    return settings
 
 
 def _number(text: str, parse: Callable[[str], _Number], fits: Callable[[_Number], bool],

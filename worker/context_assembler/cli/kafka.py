@@ -55,10 +55,19 @@ def cmd_worker(_: argparse.Namespace, settings: Settings) -> int:
 @command
 def cmd_acls(args: argparse.Namespace, settings: Settings) -> int:
     """acls --principal User:NAME: what to grant, printed; nothing is sent to the broker."""
-    from context_assembler.kafka.acls import kafka_acls_commands, strimzi_kafka_user, worker_acls
+    from context_assembler.kafka.acls import (
+        kafka_acls_commands,
+        principal_problem,
+        strimzi_kafka_user,
+        strimzi_problem,
+        worker_acls,
+    )
 
-    if not args.principal.startswith("User:") or args.principal == "User:":
-        raise UsageError(f"--principal {args.principal!r}: expected User:NAME")
+    problem = principal_problem(args.principal)
+    if problem is None and args.format == "strimzi":
+        problem = strimzi_problem(args.principal, args.strimzi_cluster)
+    if problem:
+        raise UsageError(problem)
     acls = worker_acls(settings)
     if args.format == "strimzi":
         print(strimzi_kafka_user(args.principal, acls, args.strimzi_cluster))

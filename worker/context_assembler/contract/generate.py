@@ -100,8 +100,9 @@ TRUNCATION_HEADERS: dict[str, dict[str, str]] = {
 TRACEPARENT_HEADER = {
     "traceparent": {
         "type": "string",
-        "description": "W3C trace context of the request, if its producer set one: the worker "
-        "continues it, and copies it unchanged onto the prompt and the audit."},
+        "description": "W3C trace context of the request, if its producer set a valid one: the "
+        "worker continues it, and copies it unchanged onto the prompt and the audit (an "
+        "invalid one is not copied)."},
 }
 #: The headers a prompt and an audit carry: where their input was read (kafka/records.py).
 SOURCE_HEADERS: dict[str, dict[str, str]] = {

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from context_assembler.contract.models import AssembledPrompt, AssemblyAudit
+from context_assembler.diagnose.explain import printable
 
 Status = Literal["identical", "different", "not published"]
 MAX_TEXT_DIFF_LINES = 60
@@ -26,8 +27,10 @@ class Comparison:
     lines: list[str] = field(default_factory=list)
 
     def render(self) -> str:
+        """The comparison as lines for a terminal: request ids, drop details and prompt
+        text come from events, so each line is escaped (`printable`)."""
         head = f"{self.request_id} ({self.origin}): {self.status}"
-        return "\n".join([head, *(f"  {line}" for line in self.lines)])
+        return "\n".join(printable(line) for line in [head, *(f"  {x}" for x in self.lines)])
 
 
 def decisions(audit: AssemblyAudit) -> dict[str, str]:

@@ -35,7 +35,7 @@ from context_assembler.engine.assembling import Assembling, block_cost
 from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.compress import extract_relevant
 from context_assembler.engine.dedup import CopyDetector, drop_repeated_ids
-from context_assembler.engine.errors import InvalidEvent, PromptTooLarge
+from context_assembler.engine.errors import InvalidEvent, PromptTooLarge, WrongArgument
 from context_assembler.engine.guard import guard
 from context_assembler.engine.order import arrange
 from context_assembler.engine.pack import Packed, Packing, pack
@@ -63,6 +63,7 @@ def assemble(event: RetrievalResult | Mapping[str, Any], policy: Policy) -> Asse
     JSON, validated first: InvalidEvent if it is not one) under `policy`; raises
     PromptTooLarge when the instructions and the question alone overflow the window."""
     event = _validated(event)
+    _check_types(event, policy)
     counter = get_counter(policy.tokenizer.encoding)
     event = _without_special_tokens(event, policy)
     passed, dropped = guard(
@@ -90,6 +91,17 @@ def _validated(event: RetrievalResult | Mapping[str, Any]) -> RetrievalResult:
         more = error.error_count() - len(problems)
         raise InvalidEvent("not a RetrievalResult: " + "; ".join(problems)
                            + (f"; and {more} more" if more > 0 else "")) from None
+
+
+def _check_types(event: object, policy: object) -> None:
+    """WrongArgument, naming the argument, unless `event` and `policy` are what `assemble`
+    takes: callers from untyped code get one of the documented errors."""
+    for name, value, kind, wanted in (
+        ("event", event, RetrievalResult, "a RetrievalResult or a mapping"),
+        ("policy", policy, Policy, "a Policy"),
+    ):
+        if not isinstance(value, kind):
+            raise WrongArgument(f"assemble: {name} must be {wanted}, not {type(value).__name__}")
 
 
 def _without_special_tokens(event: RetrievalResult, policy: Policy) -> RetrievalResult:

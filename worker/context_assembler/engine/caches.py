@@ -98,7 +98,9 @@ def sized_cache(name: str, size_of: Callable[[V], int]) -> SizedCache[Any, V]:
 
 def count_cache(name: str) -> BoundedCache[int]:
     """A new cache of token counts under the cap registered as `name`."""
-    cache: BoundedCache[int] = BoundedCache(_byte_cap(name) // COUNT_ENTRY_BYTES)
+    # At least one entry, as `BoundedCache.resize` keeps: a cap under one entry's cost
+    # still counts (and remembers the last text).
+    cache: BoundedCache[int] = BoundedCache(max(1, _byte_cap(name) // COUNT_ENTRY_BYTES))
     _registered(name)._sized.add(cache)
     return cache
 

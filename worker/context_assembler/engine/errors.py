@@ -18,6 +18,12 @@ class PolicyError(ContextAssemblerError, ValueError):
     spelled out."""
 
 
+class WrongArgument(ContextAssemblerError, TypeError):
+    """A library function given an argument of another type than it takes (a str for a
+    RetrievalResult, say): one of the family, as docs/library.md promises, not an
+    AttributeError from deep inside the engine."""
+
+
 class PromptTooLarge(ContextAssemblerError, ValueError):
     """Even without passages the prompt exceeds window - max_output: nothing can fix that."""
 

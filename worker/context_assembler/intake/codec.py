@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -27,6 +28,7 @@ from context_assembler.engine.candidate import brief
 from context_assembler.engine.errors import ContextAssemblerError
 
 RAW_KEPT_BYTES: Final = 1024  # of an input, in its error record
+MAX_LIMIT: Final = 2**31 - 1
 MESSAGE_CHARS: Final = 2048  # of a rejection's message: it may quote untrusted strings
 
 
@@ -35,13 +37,15 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
-    max_chunks: int = Field(default=2000, ge=1)
-    max_chunk_chars: int = Field(default=100_000, ge=1)
-    max_question_chars: int = Field(default=20_000, ge=1)
+    # Each at most 2^31 - 1 (Kafka's sizes are 32-bit), so that none passes start and then
+    # fails every read: a file is read a line at a time in chunks of at most this many bytes.
+    max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1, le=MAX_LIMIT)
+    max_chunks: int = Field(default=2000, ge=1, le=MAX_LIMIT)
+    max_chunk_chars: int = Field(default=100_000, ge=1, le=MAX_LIMIT)
+    max_question_chars: int = Field(default=20_000, ge=1, le=MAX_LIMIT)
     # A kept chunk's id is copied into the drop of each of its copies (`duplicate_of`) and
     # printed as its label: its length bounds what one event's outputs cost per input byte.
-    max_chunk_id_chars: int = Field(default=256, ge=1)
+    max_chunk_id_chars: int = Field(default=256, ge=1, le=MAX_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,3 +310,17 @@ def encode(record: BaseModel) -> bytes:
     (AssembledPrompt's) does.
     """
     return orjson.dumps(record, default=_fields)
+
+
+# In UTF-8, what JSON may carry raw but no terminal should receive: DEL, the C1 controls
+# (U+0085 and U+009B, CSI, among them), the bidi controls and the line and paragraph
+# separators (diagnose.explain.printable escapes the same set in lines shown to people).
+_UNSHOWABLE = re.compile(
+    rb"\x7f|\xc2[\x80-\x9f]|\xd8\x9c|\xe2\x80[\x8e\x8f\xa8-\xae]|\xe2\x81[\xa6-\xa9]")
+
+
+def encode_error_record(record: ErrorRecord) -> bytes:
+    """`encode`, with what a terminal would act on written as JSON escapes (the same string
+    to a JSON reader): error records go to stderr by default, and they quote the input."""
+    return _UNSHOWABLE.sub(
+        lambda found: b"\\u%04x" % ord(found.group().decode()), encode(record))

@@ -9,18 +9,20 @@ operator's configuration, never something an event can point at.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from context_assembler.engine.errors import PolicyError, VocabularyUnavailable
+from context_assembler.engine.errors import PolicyError, VocabularyUnavailable, WrongArgument
 from context_assembler.engine.operator_files import MIB, OperatorFileError, read_operator_file
 from context_assembler.engine.policy import Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter, load_tokenizer_file
 
 HF_PREFIX = "hf:"
+SHOWN_SPEC_CHARS: Final = 200  # of a policy name quoted in an error
 POLICY_FILE_BYTES: Final = 1 * MIB
 # A policy is two levels deep (section, key). tomllib recurses into arrays and inline
 # tables: a file nested far deeper exhausts Python's stack, and is refused as this one.
@@ -66,18 +68,26 @@ def load_preset(name: str) -> Policy:
     return policy_from_mapping(_parse(text, f"preset {name}"), name=name)
 
 
-def load_policy(spec: str | None) -> Policy:
+def load_policy(spec: str | os.PathLike[str] | None) -> Policy:
     """`spec` is a preset name or a TOML file path; None means the default policy.
 
     A file's own `name` key names it; otherwise it is named after the file.
     """
     if spec is None:
         return Policy()
+    if not isinstance(spec, str | os.PathLike):
+        raise WrongArgument(f"load_policy: spec must be a preset name, a file path or None, "
+                            f"not {type(spec).__name__}")
+    spec = os.fspath(spec)
+    if not isinstance(spec, str):  # a PathLike of bytes
+        raise WrongArgument("load_policy: a file path must be text, not bytes")
     path = Path(spec)
-    if not path.exists():
+    if not _exists(path):
         if spec in preset_names():
             return load_preset(spec)
-        raise PolicyError(f"{spec}: no such policy file or preset ({', '.join(preset_names())})")
+        shown = spec if len(spec) <= SHOWN_SPEC_CHARS else f"{spec[:SHOWN_SPEC_CHARS]}…"
+        raise PolicyError(f"{shown}: no such policy file or preset "
+                          f"({', '.join(preset_names())})")
     try:
         text = read_operator_file(path, "policy file", POLICY_FILE_BYTES).decode("utf-8")
     except OperatorFileError as error:
@@ -88,6 +98,15 @@ def load_policy(spec: str | None) -> Policy:
     data = _with_tokenizer_files(_parse(text, spec), path.parent, spec)
     name = data.get("name")
     return policy_from_mapping(data, name=name if isinstance(name, str) else path.stem)
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` names something; a name the system cannot look up (longer than it
+    takes) names nothing, rather than raising OSError."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _with_tokenizer_files(data: dict[str, object], folder: Path, where: str) -> dict[str, object]:

@@ -10,6 +10,7 @@ needs no cluster IDEMPOTENT_WRITE (Kafka 3.0 and later).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -43,6 +44,39 @@ def worker_acls(settings: Settings) -> list[Acl]:
         acls.append(Acl("TRANSACTIONAL_ID", settings.transactional_id_prefix, "PREFIXED",
                         ("WRITE", "DESCRIBE")))
     return acls
+
+
+# What Kubernetes takes as an object's name (DNS-1123 subdomain) and as a label's value.
+_DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def principal_problem(principal: str) -> str | None:
+    """Why `principal` cannot be granted the worker's ACLs: not User:NAME, the wildcard
+    User:* (every user), or a name holding control, format or line-break characters."""
+    name = principal.removeprefix("User:")
+    if name == principal or not name.strip():
+        return f"--principal {principal!r}: expected User:NAME"
+    if name == "*":
+        return (f"--principal {principal!r} is the wildcard (every user); name the worker's "
+                "own principal")
+    if not name.isprintable():
+        return (f"--principal {principal!r}: a principal may not hold control or line-break "
+                "characters")
+    return None
+
+
+def strimzi_problem(principal: str, cluster: str) -> str | None:
+    """Why a KafkaUser for `principal` in `cluster` is not one Kubernetes accepts."""
+    name = principal.removeprefix("User:").removeprefix("CN=")
+    if len(name) > 253 or not _DNS_1123.fullmatch(name):
+        return (f"--principal: {name!r} cannot name a KafkaUser: Kubernetes takes lower-case "
+                "letters, digits, '-' and '.', starting and ending with a letter or digit, at "
+                "most 253 characters (DNS-1123)")
+    if len(cluster) > 63 or not _LABEL_VALUE.fullmatch(cluster):
+        return (f"--strimzi-cluster {cluster!r} is not a label value: letters, digits, '-', "
+                "'_' and '.', starting and ending with a letter or digit, at most 63 characters")
+    return None
 
 
 _OPTIONS = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}

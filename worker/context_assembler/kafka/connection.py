@@ -21,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
+    IllegalSaslStateError,
     KafkaConnectionError,
     KafkaError,
     SaslAuthenticationFailed,
@@ -31,7 +32,7 @@ from aiokafka.errors import (
 from aiokafka.protocol.metadata import MetadataRequest
 from pydantic import SecretStr
 
-from context_assembler.settings import Settings, SettingsError
+from context_assembler.settings import Settings, SettingsError, read_security_file, variable_of
 
 
 class TokenFile(AbstractTokenProvider):  # type: ignore[misc]
@@ -45,7 +46,10 @@ class TokenFile(AbstractTokenProvider):  # type: ignore[misc]
         return await asyncio.to_thread(self.read)
 
     def read(self) -> str:
-        token = self.path.read_text(encoding="utf-8").strip()
+        """Each time as at start (`read_security_file`): rotated into a FIFO or a device,
+        the file stops the client with a line naming it, never hangs it or fills memory."""
+        token = _text(read_security_file(self.path, "sasl_oauthbearer_token_file"),
+                      "ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE", self.path).strip()
         if not token:
             raise SettingsError(f"ASSEMBLER_SASL_OAUTHBEARER_TOKEN_FILE {self.path} is empty")
         return token
@@ -139,14 +143,18 @@ def _token_provider(settings: Settings) -> AbstractTokenProvider | None:
 def _password(settings: Settings) -> SecretStr | None:
     if settings.sasl_password_file is None:
         return settings.sasl_password
-    return SecretStr(_read_secret(settings.sasl_password_file, "ASSEMBLER_SASL_PASSWORD_FILE"))
+    return SecretStr(_read_secret(settings.sasl_password_file, "sasl_password_file"))
 
 
-def _read_secret(path: Path, variable: str) -> str:
+def _read_secret(path: Path, name: str) -> str:
     """A secret file's text without its final newline (as `echo` and Kubernetes write it)."""
+    return _text(read_security_file(path, name), variable_of(name), path).rstrip("\r\n")
+
+
+def _text(data: bytes, variable: str, path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8").rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as error:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
         raise SettingsError(f"{variable}: cannot read {path}: {error}") from None
 
 
@@ -159,8 +167,7 @@ def _ssl_context(settings: Settings) -> ssl.SSLContext:
                             f"certificate could be loaded ({error})") from None
     context.check_hostname = settings.ssl_check_hostname
     if settings.ssl_cert_file is not None and settings.ssl_key_file is not None:
-        key_password = (_read_secret(settings.ssl_key_password_file,
-                                     "ASSEMBLER_SSL_KEY_PASSWORD_FILE")
+        key_password = (_read_secret(settings.ssl_key_password_file, "ssl_key_password_file")
                         if settings.ssl_key_password_file else None)
         try:
             context.load_cert_chain(settings.ssl_cert_file, settings.ssl_key_file, key_password)
@@ -171,6 +178,11 @@ def _ssl_context(settings: Settings) -> ssl.SSLContext:
                 f"ASSEMBLER_SSL_KEY_PASSWORD_FILE ({error.__class__.__name__})") from None
     return context
 
+
+# What a client's start raises when the broker will not have this connection: it cannot be
+# reached or closes it, or (a SASL client at a listener without SASL) answers the SASL
+# handshake with ILLEGAL_SASL_STATE. `connection_problem` says which.
+REFUSED_CONNECTION = (KafkaConnectionError, IllegalSaslStateError)
 
 ACLS_HINT = "grant the ACLs `context-assembler acls --principal User:NAME` prints"
 _AUTHORIZATION_ERRORS = (TopicAuthorizationFailedError, GroupAuthorizationFailedError,
@@ -199,6 +211,10 @@ async def connection_problem(servers: str, security: KafkaSecurity) -> str | Non
     except SaslAuthenticationFailed:
         return (f"SASL authentication failed at {servers} ({security.describe()}): check "
                 f"{settings} and ASSEMBLER_SASL_MECHANISM")
+    except IllegalSaslStateError:
+        return (f"the broker at {servers} does not take SASL on this listener "
+                f"({security.describe()}): set ASSEMBLER_SECURITY_PROTOCOL to the listener's "
+                "(PLAINTEXT or SSL where it has no SASL)")
     except UnsupportedSaslMechanismError:
         return (f"the broker at {servers} does not accept ASSEMBLER_SASL_MECHANISM="
                 f"{security.mechanism} on this listener: set the mechanism it enables")

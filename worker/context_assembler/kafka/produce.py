@@ -14,9 +14,13 @@ from collections.abc import Iterable
 import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaConnectionError
 
-from context_assembler.kafka.connection import PLAINTEXT, TOPIC_AUTHORIZATION_FAILED, KafkaSecurity
+from context_assembler.kafka.connection import (
+    PLAINTEXT,
+    REFUSED_CONNECTION,
+    TOPIC_AUTHORIZATION_FAILED,
+    KafkaSecurity,
+)
 from context_assembler.kafka.topics import (
     UNKNOWN_TOPIC_OR_PARTITION,
     missing_topic,
@@ -42,7 +46,7 @@ async def check_topic(bootstrap_servers: str, topic: str,
     try:
         await admin.start()
         described = await admin.describe_topics([topic])
-    except (KafkaConnectionError, TimeoutError):
+    except (*REFUSED_CONNECTION, TimeoutError):
         raise await refused(bootstrap_servers, security) from None
     finally:
         await admin.close()
@@ -63,7 +67,7 @@ async def produce(
                                 **security.client_args())
     try:
         await producer.start()
-    except KafkaConnectionError:
+    except REFUSED_CONNECTION:
         raise await refused(bootstrap_servers, security) from None
     deliveries = []
     try:

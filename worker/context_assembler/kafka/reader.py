@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaConnectionError, UnsupportedCodecError
+from aiokafka.errors import UnsupportedCodecError
 from aiokafka.structs import ConsumerRecord
 
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.kafka.codecs import Undecodable, undecodable
-from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity
+from context_assembler.kafka.connection import PLAINTEXT, REFUSED_CONNECTION, KafkaSecurity
 from context_assembler.kafka.topics import refused
 
 # A range ends at offsets known in advance: a fetch at a partition's end need not wait for
@@ -64,6 +64,9 @@ def parse_time(text: str) -> int:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
+    if moment < _EPOCH:
+        raise RangeError(f"{text!r} is before 1970-01-01T00:00:00Z, where Kafka's record "
+                         "timestamps begin")
     return (moment - _EPOCH) // _MILLISECOND  # exact: float seconds * 1000 can fall 1 ms short
 
 
@@ -105,7 +108,7 @@ class TopicReader:
         """Raises TopicError when the broker cannot be reached."""
         try:
             await self._admin.start()
-        except KafkaConnectionError:
+        except REFUSED_CONNECTION:
             await self._consumer.stop()  # never started: only marks it closed
             await self._admin.close()
             raise await refused(self._servers, self._security) from None

@@ -23,6 +23,7 @@ from context_assembler.intake.codec import Check, Limits, RejectedInput, encode
 from context_assembler.intake.framing import Resolved, UnknownSchema, frame, split
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.observability.traceparent import valid_traceparent_header
 from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, Settings
 
 Headers = tuple[tuple[str, bytes], ...]
@@ -328,7 +329,7 @@ def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
         (SOURCE_OFFSET, str(origin.offset).encode()),
     )
     trace = header(origin.headers, TRACEPARENT)
-    if trace is not None:
+    if trace is not None and valid_traceparent_header(trace):  # as serve: never a forged one
         headers += ((TRACEPARENT, trace),)
     key = assembly.prompt.request_id.encode()
     outputs = (

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -100,13 +101,17 @@ class RedriveReport:
         return [*lines, summary]
 
 
+_COUNT = re.compile(rb"[0-9]{1,9}")
+
+
 def letter_of(origin: Origin) -> Letter:
     reason = header(origin.headers, REASON)
     count = header(origin.headers, REDRIVES)
-    try:
-        redrives = int(count or b"0")
-    except ValueError:  # not ours: count it as re-driven already, as often as allowed
-        redrives = 1 << 30
+    # Only what `resubmitted` writes: a plain decimal count. Anything else (-1000000, +1,
+    # " 2", 1_0, a hundred digits) is not ours: count it as re-driven already, as often as
+    # allowed, so a forged header can never buy a record more re-drives.
+    redrives = int(count) if count is not None and _COUNT.fullmatch(count) else (
+        0 if count is None else 1 << 30)
     return Letter(origin, (reason or b"unknown").decode("utf-8", "replace"), redrives)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import tempfile
 
@@ -20,13 +21,15 @@ from context_assembler.kafka.topics import TopicWatch, topic_watch, worker_topic
 from context_assembler.observability import logs
 from context_assembler.observability.http import HealthServer, ListenError
 from context_assembler.observability.metrics import Metrics
-from context_assembler.settings import Settings, SettingsError
+from context_assembler.settings import Settings, SettingsError, unknown_variables
 
 log = logging.getLogger(__name__)
 
 
 def run_worker(settings: Settings, handler: Handler = handle) -> int:
     logs.configure(settings.log_level)
+    for warning in unknown_variables(os.environ):
+        log.warning(warning)
     # A bad policy or a missing vocabulary stops the worker before it joins the group, naming
     # the setting that holds it: the service policy is loaded (and its tokenizers) first.
     try:

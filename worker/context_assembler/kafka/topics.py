@@ -21,12 +21,13 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError, NodeNotReadyError
+from aiokafka.errors import KafkaError, NodeNotReadyError
 
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.kafka.connection import (
     ACLS_HINT,
     PLAINTEXT,
+    REFUSED_CONNECTION,
     KafkaSecurity,
     connection_problem,
     kafka_security,
@@ -186,7 +187,7 @@ async def create_topics(servers: str, specs: list[TopicSpec],
                                 **security.client_args())
     try:
         await admin.start()
-    except KafkaConnectionError:
+    except REFUSED_CONNECTION:
         raise await refused(servers, security) from None
     try:
         response = await admin.create_topics(
@@ -289,7 +290,7 @@ class TopicWatch:
                 try:
                     await admin.start()  # no-op once started
                     described = await admin.describe_topics(self.topics)
-                except (KafkaConnectionError, NodeNotReadyError):
+                except (*REFUSED_CONNECTION, NodeNotReadyError):
                     self._refused(await connection_problem(self._servers, self._security))
                 except (KafkaError, TimeoutError):
                     pass

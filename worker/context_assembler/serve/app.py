@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +33,7 @@ from typing import Final, cast
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
+from aiohttp.web_urldispatcher import _default_expect_handler  # the one aiohttp answers with
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge
 
 from context_assembler.contract.generate import openapi
@@ -45,6 +45,7 @@ from context_assembler.intake.codec import Limits, RejectedInput, encode
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policies import PolicyRegistry
 from context_assembler.observability.metrics import Metrics
+from context_assembler.observability.traceparent import valid_traceparent
 from context_assembler.observability.tracing import Tracing
 from context_assembler.settings import Settings
 
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 ASSEMBLE_PATH: Final = "/v1/assemble"
 CITATIONS_PATH: Final = "/v1/citations/check"
 JSON: Final = "application/json"
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 _STATUS: Final = {
     RejectReason.JSON: 400,
     RejectReason.ENGINE: 500,  # a bug, not the client's
@@ -61,6 +61,7 @@ _STATUS: Final = {
 # Of a rejection's message in a response or a log line: messages may quote the request.
 MESSAGE_CHARS: Final = 1024
 QUOTED_CHARS: Final = 100  # of a header quoted in a message
+_UNPARSED: Final = "UNKNOWN"  # the method of what aiohttp could not parse as a request
 _DEFAULT: Final = Settings.model_fields  # serve's settings, whose defaults are declared there
 
 
@@ -235,18 +236,6 @@ async def _read_body(request: web.BaseRequest, limit: int, take: Callable[[int],
     return raw
 
 
-def _valid_traceparent(given: str) -> str | None:
-    """`given` if it is a W3C traceparent a tracer would continue (not version ff, no
-    all-zero id); None otherwise, so a forged one is never echoed or logged."""
-    found = _TRACEPARENT.fullmatch(given)
-    if found is None:
-        return None
-    version, trace_id, parent_id = found.groups()
-    if version == "ff" or int(trace_id, 16) == 0 or int(parent_id, 16) == 0:
-        return None
-    return given
-
-
 class Endpoint:
     """The routes; `close` stops the engine thread."""
 
@@ -293,7 +282,7 @@ class Endpoint:
         tracing = self.service.tracing
         span = (tracing.begin_request(request.method, ASSEMBLE_PATH, request.headers,
                                       time.time_ns()) if tracing.enabled else None)
-        trace = _valid_traceparent(request.headers.get("traceparent", ""))
+        trace = valid_traceparent(request.headers.get("traceparent", ""))
         with self._bodies.holding() as take:
             outcome, response = await self._respond(request, trace, take)
             if trace is not None:
@@ -387,7 +376,7 @@ class Endpoint:
     async def check_citations(self, request: web.Request) -> web.Response:
         """The citation check, read and bounded as an event is (its body may hold a prompt
         and an answer, each event-sized), in the engine's thread."""
-        trace = _valid_traceparent(request.headers.get("traceparent", ""))
+        trace = valid_traceparent(request.headers.get("traceparent", ""))
         limit = citations.request_bytes(self.service.limits)
         with self._bodies.holding() as take:
             try:
@@ -441,6 +430,19 @@ class Endpoint:
     async def openapi(self, _: web.Request) -> web.Response:
         return web.Response(body=self._openapi, content_type=JSON)
 
+    async def expect_continue(self, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: a body announced over max_event_bytes is answered 413 at
+        once, never invited with `100 Continue` first; any other is aiohttp's to continue."""
+        limit = self.service.limits.max_event_bytes
+        if request.content_length is not None and request.content_length > limit + len(BOM):
+            refused = _oversized(request, limit, read=False)
+            trace = valid_traceparent(request.headers.get("traceparent", ""))
+            response = self._rejected(refused.rejected, refused.status, 0.0, trace)
+            response.force_close()  # the body the client may send regardless is not read
+            return response
+        await _default_expect_handler(request)
+        return None
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
@@ -449,6 +451,14 @@ class Endpoint:
 async def json_routing_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's answers to an unknown path (404) and a method a path does not take (405) in
     the API's JSON, as the busy answer: `{"message": ...}`, the field every error body has."""
+    try:
+        return await _routed(request, handler)
+    finally:  # answered: the next bytes on the connection start the next request
+        if isinstance(request.protocol, _Connection):
+            request.protocol.message_start = None
+
+
+async def _routed(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPNotFound:
@@ -467,8 +477,9 @@ def build_app(service: Service) -> web.Application:
     """The application; its engine thread stops on cleanup."""
     endpoint = Endpoint(service)
     app = web.Application(middlewares=[json_routing_errors])
-    app.router.add_post(ASSEMBLE_PATH, endpoint.assemble)
-    app.router.add_post(CITATIONS_PATH, endpoint.check_citations)
+    app.router.add_post(ASSEMBLE_PATH, endpoint.assemble, expect_handler=endpoint.expect_continue)
+    app.router.add_post(CITATIONS_PATH, endpoint.check_citations,
+                        expect_handler=endpoint.expect_continue)
     app.router.add_get("/metrics", endpoint.metrics)
     app.router.add_get("/health", endpoint.health)
     app.router.add_get("/ready", endpoint.readiness)
@@ -484,7 +495,15 @@ def build_app(service: Service) -> web.Application:
 
 class _Connection(web.RequestHandler):
     """aiohttp's handler of one connection, answering a request it cannot parse (and an
-    unexpected error) in the rejection shape, without quoting the request."""
+    unexpected error) in the rejection shape, without quoting the request; to a HEAD, as
+    every answer to a HEAD, without a body."""
+
+    message_start: bytes | None = None  # the first bytes of the request being received
+
+    def data_received(self, data: bytes) -> None:
+        if self.message_start is None:
+            self.message_start = data.lstrip(b"\r\n")[:5]
+        super().data_received(data)
 
     def handle_error(self, request: web.BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
@@ -499,7 +518,14 @@ class _Connection(web.RequestHandler):
         else:
             log.debug("not a valid HTTP request (%s)", what)
             rejected = RejectedInput(RejectReason.JSON, f"not a valid HTTP/1.1 request ({what})")
-        response = _rejection(rejected, status)
+        # Data aiohttp cannot parse reaches here as method UNKNOWN, answered once for the
+        # first request in it: its first bytes say whether that was a HEAD, whose answer
+        # has no body (a proxy would take one for the next answer on the connection).
+        unparsed = request.method == _UNPARSED
+        if request.method == hdrs.METH_HEAD or (unparsed and self.message_start == b"HEAD "):
+            response = web.Response(status=status, content_type=JSON)
+        else:
+            response = _rejection(rejected, status)
         response.force_close()
         return response
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from context_assembler.filemode import output_file
-from context_assembler.intake.codec import encode
+from context_assembler.intake.codec import encode, encode_error_record
 from context_assembler.kafka.records import Origin, Outcome
 
 
@@ -31,7 +31,8 @@ class OutputFiles:
                 if stream is not None:
                     stream.write(encode(model) + b"\n")
         elif outcome.rejected is not None and self.errors is not None:
-            self.errors.write(encode(outcome.rejected.record(str(origin), raw)) + b"\n")
+            record = outcome.rejected.record(str(origin), raw)
+            self.errors.write(encode_error_record(record) + b"\n")
 
 
 @contextmanager
