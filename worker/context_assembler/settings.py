@@ -402,6 +402,7 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     "assemble": _ASSEMBLING,
     "explain": (*_ASSEMBLING, *_KAFKA, "audit_topic", "policies_topic"),
     "sweep": _ASSEMBLING,
+    "evaluate": (),  # its policies are its own repeatable --policy: each one is measured
     "worker": tuple(name for name in Settings.model_fields if name not in _SERVING),
     "acls": ("bootstrap_servers", *_TOPICS, "group_id", "processing_guarantee",
              "transactional_id"),

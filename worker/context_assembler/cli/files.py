@@ -1,4 +1,5 @@
-"""The file commands, no broker: assemble, explain and sweep over JSONL files, and policy."""
+"""The file commands, no broker: assemble, explain, sweep and evaluate over JSONL files, and
+policy."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from context_assembler.cli.common import (
 )
 from context_assembler.collector import collect_less
 from context_assembler.contract.models import AssemblyAudit, RetrievalResult
+from context_assembler.diagnose import evaluate
 from context_assembler.diagnose.explain import (
     SEED_BUDGETS,
     UnusableInput,
@@ -163,6 +165,21 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
                 sweep_chart(event, points, str(png))
             print(f"chart: {png}")
         print()
+    return 0
+
+
+@command
+def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    policies = [load_policy(spec) for spec in args.policies]
+    with file_errors(args.file):
+        records = evaluate.read_labelled(args.file)
+    scores = evaluate.evaluate(records, policies, args.budgets)
+    print(f"{len(records)} questions")
+    print(evaluate.table(scores))
+    if args.chart:
+        with file_errors(args.chart):
+            evaluate.chart(scores, args.chart)
+        print(f"chart: {args.chart}")
     return 0
 
 
