@@ -19,7 +19,8 @@ from context_assembler.engine.focus import (
     FocusPacking,
     asks_for,
     focus,
-    kinds,
+    held_kinds,
+    marks_of,
     segments,
     stem,
     terms,
@@ -89,7 +90,8 @@ def _focus(evented: RetrievalResult, budget: int) -> tuple[list[Any], list[Any]]
         return COUNTER.count(f"[S9] (-) {text}")
 
     packing = FocusPacking(budget=budget, question=evented.question, count=COUNTER.count,
-                           cost=cost, separator_tokens=1, max_chunks=None)
+                           count_parts=COUNTER.count_parts, tokenizer=COUNTER.name,
+                           header=lambda _: "[S9] (-) ", cost=cost, separator_tokens=1, max_chunks=None)
     return focus(candidates, packing, CopyDetector(DedupPolicy()))
 
 
@@ -155,11 +157,14 @@ def test_what_a_question_asks_for() -> None:
 
 def test_what_kind_of_answer_a_sentence_holds_beyond_the_question() -> None:
     asked = frozenset({"season", "5"})
-    assert kinds("It was released on May 18, 2018.", asked) & DATE
-    assert kinds("The season has twelve episodes.", asked) & NUMBER
-    assert not kinds("Season 5 is good.", asked) & NUMBER  # 5 is the question's own
-    assert kinds("The song was sung by Dick Powell.", asked) & NAME
-    assert not kinds("the song was sung by him.", asked)
+    def kinds(sentence: str) -> int:
+        return held_kinds(marks_of(sentence), asked)
+
+    assert kinds("It was released on May 18, 2018.") & DATE
+    assert kinds("The season has twelve episodes.") & NUMBER
+    assert not kinds("Season 5 is good.") & NUMBER  # 5 is the question's own
+    assert kinds("The song was sung by Dick Powell.") & NAME
+    assert not kinds("the song was sung by him.")
 
 
 def test_a_sentence_that_starts_with_a_pronoun_leans_on_the_one_before() -> None:

@@ -27,16 +27,23 @@ passage is split and scored once, each sentence taken once, one sort.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
+import operator
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Final
 
 from context_assembler.contract.models import DropReason
+from context_assembler.engine import caches
+from context_assembler.engine.cache import SizedCache
 from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.compress import ELISION
 from context_assembler.engine.dedup import CopyDetector
+from context_assembler.engine.render import neutralise
 from context_assembler.engine.words import words
 
 # A sentence ends at ".", "!" or "?" (a closing quote or bracket may follow) before blanks,
@@ -101,7 +108,7 @@ class Weights:
 WEIGHTS: Final = Weights()
 
 
-def stem(word: str) -> str:
+def _stem(word: str) -> str:
     """A light word form: plural, past and -ing endings and a final e or y off, so that
     "released", "releases" and "release" meet, and "movies" and "movie"."""
     if len(word) <= 3 or not word.isalpha():
@@ -116,6 +123,16 @@ def stem(word: str) -> str:
     if len(word) > 3 and word[-1] in "ey":
         word = word[:-1] + ("i" if word[-1] == "y" else "")
     return word
+
+
+_stem_short = functools.lru_cache(caches.max_entries("word_forms"))(_stem)
+caches.register_function_cache("word_forms", _stem_short)
+_CACHED_WORD_CHARS: Final = 32  # longer words are rare: not worth their memory
+
+
+def stem(word: str) -> str:
+    """`_stem`, remembered for the words of usual length."""
+    return _stem_short(word) if len(word) <= _CACHED_WORD_CHARS else _stem(word)
 
 
 def terms(text: str) -> frozenset[str]:
@@ -136,22 +153,37 @@ def asks_for(question: str) -> int:
     return asked
 
 
-def kinds(sentence: str, question_words: frozenset[str]) -> int:
-    """What kinds of answer `sentence` holds that the question does not already say."""
-    held = 0
-    tokens = sentence.split()
-    for index, token in enumerate(tokens):
+Marks = tuple[tuple[str, int], ...]
+
+
+def marks_of(sentence: str) -> Marks:
+    """The words of `sentence` that may be an answer, each with its kinds (DATE, NUMBER,
+    NAME): digits, months, number words, capitalised words after the first."""
+    found: list[tuple[str, int]] = []
+    for index, token in enumerate(sentence.split()):
         word = token.strip(".,;:!?\"'()[]").lower()
-        if not word or word in question_words:
+        if not word:
             continue
+        kind = 0
         if word[0].isdigit():
-            held |= NUMBER | (DATE if _YEAR.fullmatch(word) else 0)
+            kind = NUMBER | (DATE if _YEAR.fullmatch(word) else 0)
         elif word in _MONTHS:
-            held |= DATE
+            kind = DATE
         elif word in _NUMBER_WORDS:
-            held |= NUMBER
+            kind = NUMBER
         if index and token[:1].isupper() and word.isalpha() and word not in STOPWORDS:
-            held |= NAME
+            kind |= NAME
+        if kind:
+            found.append((word, kind))
+    return tuple(found)
+
+
+def held_kinds(marks: Marks, question_words: frozenset[str]) -> int:
+    """The kinds of answer a sentence holds that the question does not already say."""
+    held = 0
+    for word, kind in marks:
+        if word not in question_words:
+            held |= kind
     return held
 
 
@@ -163,6 +195,7 @@ class Segment:
     joined: str  # what joins it to the segment before it in the passage: " " or ""
     terms: frozenset[str]
     leans: bool  # starts with a word that needs the segment before it
+    marks: Marks  # its words that may be an answer (`marks_of`)
 
 
 def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
@@ -179,7 +212,7 @@ def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
             for number, piece in enumerate(_pieces(sentence, count)):
                 joined = " " if number == 0 or piece[1] else ""
                 found.append(Segment(piece[0], joined, terms(piece[0]),
-                                     leans if number == 0 else True))
+                                     leans if number == 0 else True, marks_of(piece[0])))
     return found
 
 
@@ -204,13 +237,85 @@ def _pieces(sentence: str, count: Callable[[str], int]) -> list[tuple[str, bool]
     return pieces
 
 
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """What focusing reads of a passage whatever the question: its segments, their counts
+    (each after its joiner; the first at a line start), and the word forms of the whole
+    passage, title included."""
+
+    segments: tuple[Segment, ...]
+    tokens: tuple[int, ...]
+    held: frozenset[str]
+    postings: dict[str, tuple[int, ...]]  # word form -> the segments holding it, in order
+    kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
+    marked: frozenset[str]  # every word of the passage that `marks_of` marks
+    nbytes: int  # what holding it in the cache costs, approximately
+    _split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+
+    def split(self, asked: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The segments that hold a kind of answer `asked` names, and the others (made
+        once per kind of question: there are a handful)."""
+        found = self._split.get(asked)
+        if found is None:
+            found = self._split[asked] = (
+                tuple(i for i, kind in enumerate(self.kinds) if kind & asked),
+                tuple(i for i, kind in enumerate(self.kinds) if not kind & asked),
+            )
+        return found
+
+
+def _analysis_bytes(analysis: Analysis) -> int:
+    return analysis.nbytes
+
+
+# By (text key, title, tokenizer): a popular passage is split, stemmed and counted once.
+ANALYSES: Final[SizedCache[tuple[int, str | None, str], Analysis]] = caches.sized_cache(
+    "sentences", _analysis_bytes)
+_ENTRY_BYTES: Final = 400  # the entry, its key and tuples, besides what is counted below
+_SEGMENT_BYTES: Final = 200  # a Segment, its frozenset and tuples
+_WORD_BYTES: Final = 64  # a word form or a marked word, and its set or tuple slot
+_SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
+
+
+def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -> Analysis:
+    """The passage's `Analysis`, from the cache when a request has made it before."""
+    key = (candidate.text_key, candidate.title, tokenizer)
+    found = ANALYSES.get(key)
+    if found is not None:
+        return found
+    parts = tuple(segments(candidate.text, count))
+    tokens = tuple(count(s.text) if n == 0 else count(s.joined + s.text)
+                   for n, s in enumerate(parts))
+    postings: dict[str, list[int]] = {}
+    for index, part in enumerate(parts):
+        for term in part.terms:
+            postings.setdefault(term, []).append(index)
+    held = frozenset(postings)
+    if candidate.title:
+        held |= terms(candidate.title)
+    marked = frozenset(word for part in parts for word, _ in part.marks)
+    kinds = tuple(functools.reduce(operator.or_, (kind for _, kind in part.marks), 0)
+                  for part in parts)
+    nbytes = (
+        _ENTRY_BYTES + sys.getsizeof(candidate.title or "") + 2 * len(candidate.text)
+        + sum(_SEGMENT_BYTES + 2 * _WORD_BYTES * (len(s.terms) + len(s.marks)) for s in parts)
+        + _WORD_BYTES * (len(held) + len(marked)) + _SPLITS_BYTES * len(parts)
+    )
+    found = Analysis(parts, tokens, held, {t: tuple(i) for t, i in postings.items()}, kinds,
+                     marked, nbytes)
+    ANALYSES.put(key, found)
+    return found
+
+
 @dataclass(slots=True)
 class _Passage:
     candidate: Candidate
-    segments: list[Segment]
-    tokens: list[int]  # each segment's count after a space (the first: at a line start)
+    analysis: Analysis
+    segments: tuple[Segment, ...]
+    tokens: tuple[int, ...]  # each segment's count after a space (the first: at a line start)
+    held: frozenset[str]  # the word forms of the whole passage, title included
     chosen: list[bool]
-    header: int = 0  # the passage's cost without text, paid when its first segment is taken
+    header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
     taken: int = 0  # segments chosen
     admitted: bool = False
 
@@ -225,11 +330,11 @@ class Focused:
     compressed: bool
 
 
-def extract(passage: _Passage) -> str:
-    """The chosen segments in order, "…" where any were left out; the whole text if none
-    was."""
+def extract(passage: _Passage) -> list[str]:
+    """The chosen segments in order, "…" where any were left out, in pieces (joined, the
+    extract); the whole text, one piece, if none was left out."""
     if passage.taken == len(passage.segments):
-        return passage.candidate.text
+        return [passage.candidate.text]
     pieces: list[str] = []
     previous = -1
     for index, segment in enumerate(passage.segments):
@@ -243,17 +348,14 @@ def extract(passage: _Passage) -> str:
         previous = index
     if previous != len(passage.segments) - 1:
         pieces.append(f" {ELISION}")
-    return "".join(pieces)
+    return pieces
 
 
 def weights_of_terms(passages: list[_Passage], question: frozenset[str]) -> dict[str, float]:
     """Each question word's weight: its inverse document frequency among these passages."""
     frequency = dict.fromkeys(question, 0)
     for passage in passages:
-        held = set().union(*(s.terms for s in passage.segments)) if passage.segments else set()
-        if passage.candidate.title:
-            held |= terms(passage.candidate.title)
-        for term in question & held:
+        for term in question & passage.held:
             frequency[term] += 1
     total = len(passages)
     return {
@@ -274,36 +376,60 @@ def priors(candidates: list[Candidate]) -> dict[int, float]:
     return {c.rank: ((c.score or 0.0) - low) / (high - low) for c in candidates}
 
 
-def scored(
-    passages: list[_Passage], question: str, weights: Weights = WEIGHTS
-) -> list[tuple[float, int, int]]:
-    """(score, passage index, segment index) of every segment, best first."""
+Ranked = tuple[float, int, int]  # (minus the score, passage index, segment index)
+
+
+def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
+           ) -> Iterator[Ranked]:
+    """Every segment, best first (ties: the better-ranked passage, then the earlier
+    segment), made lazily: only the segments a question word, a neighbour of one or a
+    passage's opening sets apart are scored one by one; the rest of a passage scores the
+    same within its two groups (holding what the question asks for, or not), which are
+    merged in as they are reached. An event's cost grows with the segments that match and
+    the segments taken, not with every segment of every passage."""
     question_terms = terms(question)
     question_words = frozenset(words(question))
     idf = weights_of_terms(passages, question_terms)
     mass = sum(idf.values()) or 1.0
     asked = asks_for(question)
     prior = priors([p.candidate for p in passages])
-    order: list[tuple[float, int, int]] = []
+    explicit: list[Ranked] = []
+    groups: list[Iterator[Ranked]] = []
     for number, passage in enumerate(passages):
-        matched = [sum(idf[t] for t in question_terms & s.terms) / mass
-                   for s in passage.segments]
-        held = set().union(*(s.terms for s in passage.segments)) if passage.segments else set()
-        if passage.candidate.title:
-            held |= terms(passage.candidate.title)
-        about = sum(idf[t] for t in question_terms & held) / mass
+        analysis, size = passage.analysis, len(passage.segments)
+        about = sum(idf[t] for t in question_terms & passage.held) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
-        for index, segment in enumerate(passage.segments):
-            near = max(matched[index - 1] if index else 0.0,
-                       matched[index + 1] if index + 1 < len(matched) else 0.0)
-            score = base + matched[index] + weights.neighbour * near
-            if asked and kinds(segment.text, question_words) & asked:
+        matched: dict[int, float] = {}
+        for term in sorted(question_terms & passage.held):
+            for index in analysis.postings.get(term, ()):
+                matched[index] = matched.get(index, 0.0) + idf[term] / mass
+        # Where the question names a word a segment's kind rests on, judge each segment.
+        each = bool(asked) and not analysis.marked.isdisjoint(question_words)
+        special = set(range(size)) if each else {
+            near for index in matched for near in (index - 1, index, index + 1)
+            if 0 <= near < size} | ({0} if size else set())
+        for index in sorted(special):
+            near = max(matched.get(index - 1, 0.0), matched.get(index + 1, 0.0))
+            score = base + matched.get(index, 0.0) + weights.neighbour * near
+            kinds = (held_kinds(passage.segments[index].marks, question_words) if each
+                     else analysis.kinds[index])
+            if kinds & asked:
                 score += weights.asked
             if index == 0:
                 score += weights.opening
-            order.append((-score, number, index))
-    order.sort()
-    return [(-score, number, index) for score, number, index in order]
+            explicit.append((-score, number, index))
+        if len(special) < size:
+            holding, others = analysis.split(asked)
+            groups.append(_group(-(base + weights.asked), number, holding, special))
+            groups.append(_group(-base, number, others, special))
+    explicit.sort()
+    return heapq.merge(explicit, *groups)
+
+
+def _group(key: float, number: int, indices: tuple[int, ...], scored_apart: set[int]
+           ) -> Iterator[Ranked]:
+    """The segments of one passage that share a score, but those scored one by one."""
+    return ((key, number, index) for index in indices if index not in scored_apart)
 
 
 class _Taking:
@@ -311,7 +437,10 @@ class _Taking:
     header and label, its segments' counts, its "…" marks and a separator between
     passages."""
 
-    def __init__(self, budget: int, separator: int, elision: int) -> None:
+    def __init__(self, budget: int, separator: int, elision: int,
+                 count: Callable[[str], int], header: Callable[[Candidate], str]) -> None:
+        self.count = count
+        self.render_header = header
         self.budget = budget
         self.separator = separator
         self.elision = elision
@@ -339,6 +468,8 @@ class _Taking:
         added = sum(passage.tokens[index] for index in needed) + marks * self.elision
         if passage.admitted:
             return added
+        if passage.header < 0:  # counted only for the passages that come this far
+            passage.header = self.count(self.render_header(passage.candidate))
         return added + passage.header + (self.separator if self.admitted else 0)
 
     def take(self, passage: _Passage, needed: list[int], cost: int) -> None:
@@ -373,6 +504,9 @@ class FocusPacking:
     budget: int
     question: str
     count: Callable[[str], int]
+    count_parts: Callable[[Sequence[str]], int]  # the exact count of the parts joined
+    tokenizer: str  # the name of what `count` counts with: analyses are kept per tokenizer
+    header: Callable[[Candidate], str]  # the passage as rendered before its text
     cost: Callable[[Candidate, str], int]
     separator_tokens: int
     max_chunks: int | None
@@ -387,12 +521,11 @@ def focus(
     count = packing.count
     passages: list[_Passage] = []
     for candidate in candidates:
-        found = segments(candidate.text, count)
-        tokens = [count(s.text) if n == 0 else count(s.joined + s.text)
-                  for n, s in enumerate(found)]
-        passages.append(_Passage(candidate, found, tokens, [False] * len(found),
-                                 header=packing.cost(candidate, "")))
-    taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"))
+        found = analyse(candidate, count, packing.tokenizer)
+        passages.append(_Passage(candidate, found, found.segments, found.tokens, found.held,
+                                 [False] * len(found.segments)))
+    taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"), count,
+                     packing.header)
     dropped: dict[int, Drop] = {}
     refused: set[int] = set()  # passages left out: copies, or beyond max_chunks
     stopped: tuple[int, str] | None = None
@@ -449,6 +582,14 @@ def _exact(taking: _Taking, packing: FocusPacking, dropped: dict[int, Drop]) -> 
 
 
 def _rendered(passage: _Passage, packing: FocusPacking) -> Focused:
-    text = extract(passage)
-    return Focused(passage.candidate, text, packing.cost(passage.candidate, text),
-                   text is not passage.candidate.text)
+    """The passage as extracted, with its exact cost: counted from its pieces (whose counts
+    are mostly cached) where rendering leaves its text as it is, else rendered whole."""
+    candidate = passage.candidate
+    pieces = extract(passage)
+    text = "".join(pieces)
+    if text is candidate.text or len(pieces) == 1:
+        return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False)
+    if neutralise(text) != text:
+        return Focused(candidate, text, packing.cost(candidate, text), True)
+    return Focused(candidate, text, packing.count_parts([packing.header(candidate), *pieces]),
+                   True)
