@@ -6,7 +6,7 @@ OUT    := out
 # The development broker's config, data and log (scripts/quickstart.sh sets its own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo test test-unit test-lowest lint docs docs-settings check check-deploy check-kubeconform prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo test test-unit test-lowest lint docs docs-settings check check-deploy check-kubeconform prometheus-rule bench bench-quality bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +93,9 @@ docs-settings: $(BIN)/context-assembler  ## regenerate docs/settings.md from the
 bench: $(BIN)/context-assembler  ## engine vs the naive seed-000 baseline; cost against chunk count
 	$(BIN)/python -m bench.engine_bench
 	$(BIN)/python -m bench.scaling
+
+bench-quality: $(BIN)/context-assembler  ## answers kept at each budget on the shipped NQ-open sample
+	$(BIN)/python -m bench.quality --strict
 
 bench-kafka: $(BIN)/context-assembler  ## worker vs a passthrough worker on a real broker
 	$(BIN)/python -m bench.kafka_bench --rate 150

@@ -38,6 +38,8 @@ RUN: dict[tuple[str, str], tuple[str, str]] = {
         f"{READMES}::test_the_http_block_answers_with_a_prompt_and_an_audit", READMES),
     ("docs/http-api.md", "## Try it"): (
         f"{READMES}::test_the_http_block_answers_with_a_prompt_and_an_audit", READMES),
+    ("docs/quality.md", "## Measure your own questions"): (
+        f"{READMES}::test_the_evaluate_block_measures_the_shipped_questions", READMES),
     ("docs/secured-cluster.md", "## Least privilege: the ACLs"): (
         f"{READMES}::test_the_acls_block_prints_kafka_acls_commands", READMES),
     ("docs/worker.md", "## Quick start"): QUICKSTART,
@@ -74,6 +76,9 @@ CHECKED: dict[tuple[str, str], tuple[str, str]] = {
         "tests/test_docs.py::test_the_benchmark_commands_name_real_targets_and_flags",
         "benchmarks take minutes: their targets and flags are checked"),
     ("docs/performance.md", "## The Kafka worker"): (
+        "tests/test_docs.py::test_the_benchmark_commands_name_real_targets_and_flags",
+        "benchmarks take minutes: their targets and flags are checked"),
+    ("docs/quality.md", "## Reproduce the table"): (
         "tests/test_docs.py::test_the_benchmark_commands_name_real_targets_and_flags",
         "benchmarks take minutes: their targets and flags are checked"),
     ("docs/performance.md", "## The HTTP endpoint"): (
@@ -139,8 +144,11 @@ def test_the_tests_named_for_the_shell_blocks_exist_and_read_their_pages() -> No
         assert cited_test_exists(test_id), test_id
 
 
-def test_the_benchmark_commands_name_real_targets_and_flags() -> None:
-    for block in fenced_blocks("docs/performance.md"):
+@pytest.mark.parametrize("document", ["docs/performance.md", "docs/quality.md"])
+def test_the_benchmark_commands_name_real_targets_and_flags(document: str) -> None:
+    for block in fenced_blocks(document):
+        if (block.document, block.heading) in RUN:  # run word for word by its own test
+            continue
         for line in block.text.splitlines():
             command = line.split("#")[0].split()
             if command[:1] == ["make"]:

@@ -102,3 +102,18 @@ def test_every_shipped_example_is_assembled_under_the_defaults(tmp_path: Path) -
          "--out", str(tmp_path / "prompts.jsonl"), "--errors", str(errors)],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert (result.returncode, errors.read_text()) == (0, "")
+
+
+def test_the_evaluate_block_measures_the_shipped_questions() -> None:
+    """The quality page's `evaluate` block, on the NQ-open sample the repository ships."""
+    chart = REPO / "out" / "quality.png"
+    chart.unlink(missing_ok=True)
+    result = run_block(shell_block("docs/quality.md", "## Measure your own questions"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "323 questions"
+    rows = {tuple(line.split()[:2]): line.split() for line in lines[2:] if line[:1] != "c"}
+    assert {name for name, _ in rows} == {"top-k", "default", "focused"}
+    for budget in ("600", "1200"):  # answer kept, as a percentage: focused well ahead
+        assert float(rows[("focused", budget)][2]) > float(rows[("default", budget)][2]) + 30
+    assert chart.read_bytes().startswith(b"\x89PNG")
