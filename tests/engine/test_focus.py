@@ -223,3 +223,13 @@ def test_an_answer_deep_in_a_low_ranked_passage_beats_the_first_passages() -> No
     assert "1889" in assemble(evented, focused(80)).prompt.context
     assert "1889" not in assemble(evented, load_preset("default").model_copy(
         update={"budget": focused(80).budget})).prompt.context
+
+
+def test_the_rows_of_a_table_stay_rows() -> None:
+    text = ("Category | Warranty\nMowers | 2 years\nPressure washers | 2 years, pump: 3 years\n"
+            "Tools | 10 years")
+    evented = event([chunk("table", text)], question="how long is the pump warranty")
+    context = assemble(evented, focused(30)).prompt.context
+    assert "Pressure washers | 2 years, pump: 3 years" in context
+    kept = assemble(evented, focused(45)).prompt.context
+    assert "Mowers | 2 years\nPressure washers | 2 years, pump: 3 years" in kept

@@ -192,7 +192,7 @@ class Segment:
     """A sentence, or a piece of a long one, as it stands in its passage."""
 
     text: str
-    joined: str  # what joins it to the segment before it in the passage: " " or ""
+    joined: str  # what joins it to the segment before it: "\n" (it opens a line), " " or ""
     terms: frozenset[str]
     leans: bool  # starts with a word that needs the segment before it
     marks: Marks  # its words that may be an answer (`marks_of`)
@@ -200,9 +200,12 @@ class Segment:
 
 def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
     """`text` cut into sentences, and a sentence that counts more than MAX_SEGMENT_TOKENS
-    into pieces at spaces (at a character if it has none): every piece verbatim."""
+    into pieces at spaces (at a character if it has none): every piece verbatim. A segment
+    that starts a line is joined to the one before by a line break, so that the rows of a
+    table or a list stay rows."""
     found: list[Segment] = []
     for line in text.splitlines():
+        opens_line = True
         for sentence in _SENTENCE_END.split(line):
             sentence = sentence.strip()
             if not sentence:
@@ -210,7 +213,8 @@ def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
             first = words(sentence[:40])
             leans = bool(first) and first[0] in LEANING
             for number, piece in enumerate(_pieces(sentence, count)):
-                joined = " " if number == 0 or piece[1] else ""
+                joined = "\n" if opens_line else " " if number == 0 or piece[1] else ""
+                opens_line = False
                 found.append(Segment(piece[0], joined, terms(piece[0]),
                                      leans if number == 0 else True, marks_of(piece[0])))
     return found
