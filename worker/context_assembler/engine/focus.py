@@ -336,7 +336,9 @@ class Focused:
 
 def extract(passage: _Passage) -> list[str]:
     """The chosen segments in order, "…" where any were left out, in pieces (joined, the
-    extract); the whole text, one piece, if none was left out."""
+    extract); the whole text, one piece, if none was left out. Each piece but the first
+    starts with the blank that joins it, as its count was cached (`analyse`), so that
+    counting the pieces joined adds cached counts (`count_parts`)."""
     if passage.taken == len(passage.segments):
         return [passage.candidate.text]
     pieces: list[str] = []
@@ -345,10 +347,9 @@ def extract(passage: _Passage) -> list[str]:
         if not passage.chosen[index]:
             continue
         if index != previous + 1:
-            pieces.append(f" {ELISION} " if pieces else f"{ELISION} ")
-        elif pieces:
-            pieces.append(segment.joined)
-        pieces.append(segment.text)
+            pieces += [f" {ELISION}" if pieces else ELISION, f" {segment.text}"]
+        else:
+            pieces.append(segment.joined + segment.text if pieces else segment.text)
         previous = index
     if previous != len(passage.segments) - 1:
         pieces.append(f" {ELISION}")
@@ -595,5 +596,9 @@ def _rendered(passage: _Passage, packing: FocusPacking) -> Focused:
         return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False)
     if neutralise(text) != text:
         return Focused(candidate, text, packing.cost(candidate, text), True)
-    return Focused(candidate, text, packing.count_parts([packing.header(candidate), *pieces]),
-                   True)
+    header = packing.header(candidate)
+    if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
+        parts = [header[:-1], f" {pieces[0]}", *pieces[1:]]
+    else:
+        parts = [header, *pieces]
+    return Focused(candidate, text, packing.count_parts(parts), True)
