@@ -193,7 +193,6 @@ class Segment:
 
     text: str
     joined: str  # what joins it to the segment before it: "\n" (it opens a line), " " or ""
-    terms: frozenset[str]
     leans: bool  # starts with a word that needs the segment before it
     marks: Marks  # its words that may be an answer (`marks_of`)
 
@@ -215,8 +214,8 @@ def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
             for number, piece in enumerate(_pieces(sentence, count)):
                 joined = "\n" if opens_line else " " if number == 0 or piece[1] else ""
                 opens_line = False
-                found.append(Segment(piece[0], joined, terms(piece[0]),
-                                     leans if number == 0 else True, marks_of(piece[0])))
+                found.append(Segment(piece[0], joined, leans if number == 0 else True,
+                                     marks_of(piece[0])))
     return found
 
 
@@ -276,8 +275,10 @@ def _analysis_bytes(analysis: Analysis) -> int:
 ANALYSES: Final[SizedCache[tuple[int, str | None, str], Analysis]] = caches.sized_cache(
     "sentences", _analysis_bytes)
 _ENTRY_BYTES: Final = 400  # the entry, its key and tuples, besides what is counted below
-_SEGMENT_BYTES: Final = 200  # a Segment, its frozenset and tuples
+_SEGMENT_BYTES: Final = 200  # a Segment and its tuple of marks
 _WORD_BYTES: Final = 64  # a word form or a marked word, and its set or tuple slot
+_POSTING_BYTES: Final = 120  # a word form's entry in `postings`: its slot, string and tuple
+_INDEX_BYTES: Final = 8  # a segment's index in a posting tuple (small ints are shared)
 _SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
 
 
@@ -290,9 +291,9 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
     parts = tuple(segments(candidate.text, count))
     tokens = tuple(count(s.text) if n == 0 else count(s.joined + s.text)
                    for n, s in enumerate(parts))
-    postings: dict[str, list[int]] = {}
+    postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
     for index, part in enumerate(parts):
-        for term in part.terms:
+        for term in terms(part.text):
             postings.setdefault(term, []).append(index)
     held = frozenset(postings)
     if candidate.title:
@@ -302,7 +303,8 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
                   for part in parts)
     nbytes = (
         _ENTRY_BYTES + sys.getsizeof(candidate.title or "") + 2 * len(candidate.text)
-        + sum(_SEGMENT_BYTES + 2 * _WORD_BYTES * (len(s.terms) + len(s.marks)) for s in parts)
+        + sum(_SEGMENT_BYTES + _WORD_BYTES * len(s.marks) for s in parts)
+        + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in postings.values())
         + _WORD_BYTES * (len(held) + len(marked)) + _SPLITS_BYTES * len(parts)
     )
     found = Analysis(parts, tokens, held, {t: tuple(i) for t, i in postings.items()}, kinds,
