@@ -98,7 +98,7 @@ _ASKS: Final = (
 class Weights:
     """How much each kind of evidence counts (the words the sentence shares count 1)."""
 
-    passage: float = 0.5
+    passage: float = 0.8
     asked: float = 0.35
     neighbour: float = 0.3
     prior: float = 0.1
