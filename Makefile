@@ -9,7 +9,7 @@ OUT    := out
 # The development broker's config, data and log (the docs' tests set their own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo dev wheel test test-unit test-lowest lint docs docs-serve check-docs docs-settings check check-deploy check-kubeconform check-helm prometheus-rule bench bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: demo dev wheel test test-unit test-lowest lint docs docs-serve check-docs docs-settings check check-deploy check-kubeconform check-helm prometheus-rule bench bench-quality bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -142,6 +142,9 @@ docs-settings: $(BIN)/context-assembler  ## regenerate docs/settings.md from the
 bench: $(DEV)  ## engine vs the naive seed-000 baseline; cost against chunk count
 	$(BIN)/python -m bench.engine_bench
 	$(BIN)/python -m bench.scaling
+
+bench-quality: $(DEV)  ## answers kept at each budget on the shipped NQ-open sample
+	$(BIN)/python -m bench.quality --strict
 
 bench-kafka: $(DEV)  ## worker vs a passthrough worker on a real broker
 	$(BIN)/python -m bench.kafka_bench --rate 150

@@ -23,6 +23,11 @@ and the file mode as a whole process (the CLI against a naive seed 000 script ov
 JSONL file, both started fresh), each also over the file's first fifth: the difference is
 the marginal CPU an event, start-up cancelled, which the verdict judges.
 
+Then focused compression (`[compress] mode = "focused"`, the `focused` preset's rules at
+the same 1,500-token budget) against `Policy()` on the same events, back to back in turns,
+warm and cold, at 10, 40, 200 and 1,000 chunks: the paired ratio of their times per event,
+which should stay under 1.5x, and the cost a chunk, which should stay flat as events grow.
+
 Last, a model's own tokenizer.json (`encoding = "hf:PATH"`) next to tiktoken on the same
 cold 40-chunk events: a byte-level BPE trained here on the corpus' prose (no download),
 loaded through a policy file as the service loads it; the engine under each, and each
@@ -98,6 +103,11 @@ TARGET_FILE_MODE_SPEEDUP: Final = 30.0  # naive / CLI, marginal CPU an event
 HF_CHUNKS: Final = 40
 HF_EVENTS: Final = {"default": 40, "quick": 10}
 HF_VOCABULARY: Final = 32_000  # asked of the trainer; the corpus' words saturate it sooner
+# Focused compression against Policy(): (warm, cold) events per size.
+FOCUSED_REPEATS: Final = {"default": {10: (200, 60), 40: (100, 40), 200: (20, 10),
+                                      1000: (5, 3)},
+                          "quick": {10: (30, 10), 40: (20, 8), 200: (4, 3), 1000: (2, 1)}}
+TARGET_FOCUSED_RATIO: Final = 1.5  # focused / default, paired, every size and regime
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,6 +430,48 @@ def pipeline(bench: Bench, repeats: tuple[int, int], large: int) -> Pipeline:
 
 
 @dataclass
+class FocusedCost:
+    """Per (regime, chunks): ns per event under Policy() and under focused, paired."""
+
+    default: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    focused: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+
+    def ratio(self, key: tuple[str, int]) -> float:
+        """The median of the per-event ratios focused / default."""
+        return statistics.median(
+            f / d for f, d in zip(self.focused[key], self.default[key], strict=True))
+
+    def per_chunk_us(self, key: tuple[str, int]) -> float:
+        return statistics.median(self.focused[key]) / 1e3 / key[1]
+
+
+def focused_cost(bench: Bench, repeats: dict[int, tuple[int, int]]) -> FocusedCost:
+    """Both policies on the same events, who goes first alternating; warm events run once
+    before under both with another question, cold ones start from empty caches."""
+    focused = load_policy("focused").model_copy(update={"budget": bench.policy.budget})
+    result = FocusedCost()
+    for size, (warm, cold) in repeats.items():
+        corpus = Corpus(bench.seed * 613 + size)
+        pairs = corpus.warm_events(size, warm)
+        for _, twin in pairs:
+            assemble(twin, bench.policy)
+            assemble(twin, focused)
+        cases = [("warm", event) for event, _ in pairs]
+        cases += [("cold", corpus.cold_event(size, i)) for i in range(cold)]
+        for i, (regime, event) in enumerate(cases):
+            gc.collect()
+            times: dict[str, int] = {}
+            for name in (("default", "focused") if i % 2 == 0 else ("focused", "default")):
+                if regime == "cold":
+                    caches.reset()
+                policy = bench.policy if name == "default" else focused
+                times[name] = timed(functools.partial(assemble, event, policy))[0]
+            result.default.setdefault((regime, size), []).append(times["default"])
+            result.focused.setdefault((regime, size), []).append(times["focused"])
+    return result
+
+
+@dataclass
 class TokenizerCost:
     """Cold events assembled under tiktoken's cl100k_base and under a tokenizer.json."""
 
@@ -591,7 +643,8 @@ class Verdict:
 
 
 def verdicts(
-    rows: Sequence[Row], piped: Pipeline | None = None, files: FileMode | None = None
+    rows: Sequence[Row], piped: Pipeline | None = None, files: FileMode | None = None,
+    focused: FocusedCost | None = None,
 ) -> list[Verdict]:
     by_key = {(r.regime, r.size): r for r in rows}
     found: list[Verdict] = []
@@ -632,6 +685,14 @@ def verdicts(
             f"{files.naive_marginal_ms:.2f} ms an event; kept chunks "
             f"{'agree' if files.agree else 'DIFFER'})",
             files.marginal_speedup >= TARGET_FILE_MODE_SPEEDUP and files.agree,
+        ))
+    for key in sorted(focused.default) if focused is not None else ():
+        assert focused is not None
+        ratio = focused.ratio(key)
+        found.append(Verdict(
+            f"{key[0]}, {key[1]} chunks: focused / default <= {TARGET_FOCUSED_RATIO:g}x",
+            f"{ratio:.2f}x ({focused.per_chunk_us(key):.1f} us a chunk under focused)",
+            ratio <= TARGET_FOCUSED_RATIO,
         ))
     mismatches = sum(len(r.mismatches) for r in rows)
     checked = sum(len(r.kept) for r in rows)
@@ -711,6 +772,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = file_mode(args.seed, *FILE_MODE_EVENTS[mode])
     print(f"  file mode: {files.events} events ({time.perf_counter() - started:.0f} s)",
           file=sys.stderr, flush=True)
+    focused = focused_cost(bench, FOCUSED_REPEATS[mode])
+    print(f"  focused vs default ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
+          flush=True)
     hf = tokenizer_cost(bench, HF_EVENTS[mode])
     print(f"  tokenizer.json: {HF_EVENTS[mode]} events ({time.perf_counter() - started:.0f} s)",
           file=sys.stderr, flush=True)
@@ -751,7 +815,13 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{Summary.of(hf.alone['hf']).median_ms:.2f} ms ({hf.ratio(hf.alone):.2f}x); "
           f"{hf.tokens[ENCODING]} vs {hf.tokens['hf']} tokens")
     print()
-    found = verdicts(rows, piped, files)
+    for key in sorted(focused.default):
+        print(f"focused vs default, {key[0]}, {key[1]} chunks: median "
+              f"{Summary.of(focused.focused[key]).median_ms:.3f} ms vs "
+              f"{Summary.of(focused.default[key]).median_ms:.3f} ms, paired ratio "
+              f"{focused.ratio(key):.2f}x ({len(focused.default[key])} events)")
+    print()
+    found = verdicts(rows, piped, files, focused)
     for verdict in found:
         print(f"{'PASS' if verdict.passed else 'FAIL'}  {verdict.target}: {verdict.value}")
     for row in rows:

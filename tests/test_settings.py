@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Each command as typed, with what it needs to parse (`command` -> its argv up to the flags).
 ARGV = {
     "assemble": ["assemble"], "explain": ["explain"], "sweep": ["sweep"], "worker": ["worker"],
+    "evaluate": ["evaluate", "questions.jsonl", "--policy", "focused"],
     "acls": ["acls", "--principal", "User:a"], "topics": ["topics"],
     "topics create": ["topics", "create"],
     "produce": ["produce"], "tail": ["tail", "prompts"], "replay": ["replay"],

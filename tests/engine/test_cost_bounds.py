@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 
 from context_assembler.contract.models import RetrievalResult
-from context_assembler.engine import assemble, caches, facts, words
+from context_assembler.engine import assemble, caches, facts, focus, words
 from context_assembler.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache, text_key
 from context_assembler.engine.policy import Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter
@@ -153,6 +153,7 @@ def run_time(event: RetrievalResult, policy: Policy) -> float:
 POLICIES: dict[str, Callable[[], Policy]] = {
     "default": Policy,
     "estimated": lambda: load_preset("estimated"),  # chars/4: no tokenizer hides other costs
+    "focused": lambda: load_preset("focused"),  # every sentence of every chunk scored
     # A 200K window: every chunk fits, so dedup compares each with every kept one; MMR and
     # compression of every passage on top.
     "wide, mmr, compress": lambda: policy_from_mapping({
@@ -416,3 +417,19 @@ def test_sized_cache_accounting_holds_under_threads() -> None:
         sys.setswitchinterval(previous)
     assert cache.nbytes == sum(len(value) for value in cache._entries.values()) <= 1000
     assert len(set(cache._entries)) == len(cache)
+
+
+def test_focused_analyses_stay_under_their_cap(configure_caches: Callable[..., None]) -> None:
+    """Passages cut into sentences for focused compression: each entry charged for what it
+    holds, the least recently used going once the cap is reached."""
+    configure_caches(sentences=128 * 1024)
+    rng = random.Random(7)
+    policy = load_preset("focused")
+    for round_ in range(6):
+        chunks = [chunk(f"c{i}", prose(rng, 3_000), doc_id=f"d{i}") for i in range(20)]
+        assemble(RetrievalResult(request_id=f"r{round_}", question="pump warranty?",
+                                 chunks=chunks), policy)
+    cache = focus.ANALYSES
+    assert cache.nbytes == sum(e.nbytes for e in cache._entries.values()) <= cache.max_bytes
+    assert cache.nbytes > cache.max_bytes * 0.8  # full, and evicting: the cap binds
+    assert all(entry.nbytes >= 2 * 3_000 for entry in cache._entries.values())

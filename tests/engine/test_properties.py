@@ -75,7 +75,7 @@ def policies(draw: st.DrawFn) -> Policy:
         "select": {"packing": draw(st.sampled_from(["skip", "stop", "density", "mmr"])),
                    "max_chunks": draw(st.none() | st.integers(1, 5)),
                    "min_score": draw(st.none() | st.floats(-1, 1))},
-        "compress": {"mode": draw(st.sampled_from(["off", "overflow", "always"]))},
+        "compress": {"mode": draw(st.sampled_from(["off", "overflow", "always", "focused"]))},
         "order": {"mode": draw(st.sampled_from(["rank", "edges", "first_last", "round_robin_source"]))},
         "render": {"labels": draw(st.sampled_from(["chunk_id", "S{n}", "{n}"])),
                    "header": draw(st.sampled_from(["full", "source_section", "inline_section", "id_score"]))},

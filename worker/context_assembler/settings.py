@@ -236,6 +236,9 @@ class Settings(BaseSettings):
         "words", "Bytes the engine keeps of word sets, for the near-copy test.")
     cache_tokens_bytes: Annotated[int, Flag("--cache-tokens-bytes")] = _cache(
         "tokens", "Bytes the engine keeps of token counts by text, per tokenizer.")
+    cache_sentences_bytes: Annotated[int, Flag("--cache-sentences-bytes")] = _cache(
+        "sentences", "Bytes the engine keeps of passages cut into sentences, for focused "
+        "compression.")
     # The worker's runtime.
     processing_guarantee: Annotated[
         Literal["at_least_once", "exactly_once"], Flag("--processing-guarantee")
@@ -495,7 +498,7 @@ class Settings(BaseSettings):
     def size_engine_caches(self) -> None:
         """Give the engine's caches the byte caps these settings name."""
         caches.configure(facts=self.cache_facts_bytes, words=self.cache_words_bytes,
-                         tokens=self.cache_tokens_bytes)
+                         tokens=self.cache_tokens_bytes, sentences=self.cache_sentences_bytes)
 
     @property
     def commit_interval_seconds(self) -> float:
@@ -587,7 +590,8 @@ _REGISTRY = ("schema_registry_url", "schema_registry_user", "schema_registry_pas
              "schema_registry_ca_file", "schema_registry_subject_strategy")
 _KAFKA = ("bootstrap_servers", *_SECURITY)
 _TOPICS = ("input_topic", "prompts_topic", "audit_topic", "dlq_topic", "policies_topic")
-_CACHES = ("cache_facts_bytes", "cache_words_bytes", "cache_tokens_bytes")
+_CACHES = ("cache_facts_bytes", "cache_words_bytes", "cache_tokens_bytes",
+           "cache_sentences_bytes")
 _ASSEMBLING = ("policy_file", "allowed_policies", *Limits.model_fields, *_CACHES)
 _SERVING = ("serve_host", "serve_port", "max_pending", "body_timeout_seconds",
             "idle_timeout_seconds")
@@ -595,6 +599,7 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     "assemble": _ASSEMBLING,
     "explain": (*_ASSEMBLING, *_KAFKA, "audit_topic", "policies_topic"),
     "sweep": _ASSEMBLING,
+    "evaluate": (),  # its policies are its own repeatable --policy: each one is measured
     "worker": tuple(name for name in Settings.model_fields if name not in _SERVING),
     "acls": ("bootstrap_servers", *_TOPICS, "group_id", "processing_guarantee",
              "transactional_id"),

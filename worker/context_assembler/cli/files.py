@@ -1,5 +1,5 @@
-"""The file commands, no broker: assemble, explain and sweep over JSONL files, policy, and
-the citation check of answers against their prompts."""
+"""The file commands, no broker: assemble, explain, sweep and evaluate over JSONL files,
+policy, and the citation check of answers against their prompts."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from context_assembler.contract.models import (
     RejectReason,
     RetrievalResult,
 )
+from context_assembler.diagnose import evaluate
 from context_assembler.diagnose.explain import (
     SEED_BUDGETS,
     UnusableInput,
@@ -172,6 +173,21 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
                 sweep_chart(event, points, policy, str(png))
             print(f"chart: {png}")
         print()
+    return 0
+
+
+@command
+def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    policies = [load_policy(spec) for spec in args.policies]
+    with file_errors(args.file):
+        records = evaluate.read_labelled(args.file)
+    scores = evaluate.evaluate(records, policies, args.budgets)
+    print(f"{len(records)} questions")
+    print(evaluate.table(scores))
+    if args.chart:
+        with file_errors(args.chart):
+            evaluate.chart(scores, args.chart)
+        print(f"chart: {args.chart}")
     return 0
 
 

@@ -96,6 +96,19 @@ def _add_sweep(commands: Commands) -> None:
     sweeper.add_argument("--png", help="also draw the sweep as a PNG chart")
 
 
+def _add_evaluate(commands: Commands) -> None:
+    evaluate = _command(commands, "evaluate", files.cmd_evaluate,
+                        help="answers and gold passages kept at each budget, per policy")
+    evaluate.add_argument("file", help="labelled questions: JSONL (or .jsonl.gz) of "
+                          '{"event": ..., "answers": [...], "gold": [chunk ids]}')
+    evaluate.add_argument("--policy", dest="policies", action="append", required=True,
+                          metavar="P", help="a preset name or a TOML file (repeatable)")
+    evaluate.add_argument("--budgets", type=files.parse_budgets, default=[600, 1200, 2400],
+                          help="passage budgets, e.g. 300:2400:100 (default 600,1200,2400)")
+    evaluate.add_argument("--chart", metavar="FILE.png",
+                          help="also draw answers kept against the budget, one line a policy")
+
+
 def _add_worker(commands: Commands) -> None:
     _command(commands, "worker", kafka.cmd_worker,
              help="the Kafka worker (settings: ASSEMBLER_* variables or flags)")
@@ -246,9 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an unexpected error")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_assemble, _add_explain, _add_sweep, _add_worker, _add_acls, _add_topics,
-                _add_schemas, _add_produce, _add_tail, _add_replay, _add_serve, _add_policy,
-                _add_redrive, _add_citations):
+    for add in (_add_assemble, _add_explain, _add_sweep, _add_evaluate, _add_worker, _add_acls,
+                _add_topics, _add_schemas, _add_produce, _add_tail, _add_replay, _add_serve,
+                _add_policy, _add_redrive, _add_citations):
         add(commands)
     return parser
 

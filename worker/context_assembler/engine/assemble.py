@@ -36,9 +36,10 @@ from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.compress import extract_relevant
 from context_assembler.engine.dedup import CopyDetector, drop_repeated_ids
 from context_assembler.engine.errors import InvalidEvent, PromptTooLarge, WrongArgument
+from context_assembler.engine.focus import FocusPacking, focus
 from context_assembler.engine.guard import guard
 from context_assembler.engine.order import arrange
-from context_assembler.engine.pack import Packed, Packing, pack
+from context_assembler.engine.pack import Packed, Packing, below_min_score, pack
 from context_assembler.engine.policy import Policy
 from context_assembler.engine.tokens import (
     HF_TOKENIZER,
@@ -123,11 +124,16 @@ def _pack(assembling: Assembling, passed: list[Candidate]) -> tuple[list[Packed]
     """Choose the passages the budget admits, in packing order: copies of kept passages,
     min_score and max_chunks go first, and compression may make a passage fit."""
     policy, question = assembling.policy, assembling.event.question
+    charge_separators = policy.budget.charge_separators
+    separator_tokens = (
+        assembling.counter.count(policy.render.separator) if charge_separators else 0
+    )
+    if policy.compress.mode == "focused":
+        return _focus(assembling, passed, separator_tokens)
 
     def shrink(candidate: Candidate) -> str | None:
         return extract_relevant(candidate.text, question, policy.compress.max_sentences)
 
-    charge_separators = policy.budget.charge_separators
     packing = Packing(
         budget=assembling.plan.passages,
         select=policy.select,
@@ -135,11 +141,32 @@ def _pack(assembling: Assembling, passed: list[Candidate]) -> tuple[list[Packed]
         cost=assembling.passage_costs.charge,
         shrink=shrink,
         drop_title_line=policy.dedup.drop_title_line,
-        separator_tokens=(
-            assembling.counter.count(policy.render.separator) if charge_separators else 0
-        ),
+        separator_tokens=separator_tokens,
     )
     return pack(passed, packing, CopyDetector(policy.dedup))
+
+
+def _focus(
+    assembling: Assembling, passed: list[Candidate], separator_tokens: int
+) -> tuple[list[Packed], list[Drop]]:
+    """Focused compression: the passage budget spent on the event's best sentences;
+    min_score still goes first, copies of taken passages and max_chunks still apply."""
+    policy = assembling.policy
+    eligible, below = below_min_score(passed, policy.select)
+    packing = FocusPacking(
+        budget=assembling.plan.passages,
+        question=assembling.event.question,
+        count=assembling.counter.count,
+        count_parts=assembling.counter.count_parts,
+        tokenizer=assembling.counter.name,
+        header=lambda candidate: assembling.passage_costs.rendered(candidate, ""),
+        cost=assembling.passage_costs.tokens,
+        separator_tokens=separator_tokens,
+        max_chunks=policy.select.max_chunks,
+    )
+    focused, dropped = focus(eligible, packing, CopyDetector(policy.dedup))
+    kept = [Packed(f.candidate, f.text, f.tokens, f.compressed) for f in focused]
+    return kept, [*below, *dropped]
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,11 @@ CACHES: Final[dict[str, Registered]] = {
     ),
     "validity": Registered("passage header validity phrases, by dates", max_entries=16_384),
     "question_words": Registered("the content words of the last question", max_entries=1),
+    # A 130-token passage's entry is about 3 KB: about 10,000 of them.
+    "sentences": Registered(
+        "per passage text, title and tokenizer: its sentences, word forms and token counts "
+        "(focused compression)", 32 * MiB),
+    "word_forms": Registered("light word forms of words up to 32 characters", max_entries=65_536),
 }
 
 

@@ -188,6 +188,24 @@ class _Packer:
                     redundancy[other] = max(redundancy[other], similarity)
 
 
+def below_min_score(
+    candidates: list[Candidate], policy: SelectPolicy
+) -> tuple[list[Candidate], list[Drop]]:
+    """The candidates min_score admits, and the drops of the others."""
+    eligible: list[Candidate] = []
+    dropped: list[Drop] = []
+    for candidate in candidates:
+        score = candidate.score
+        if policy.min_score is not None and (score is None or score < policy.min_score):
+            shown = "no score" if score is None else f"score {score:g}"
+            dropped.append(candidate.drop(
+                DropReason.BELOW_MIN_SCORE, f"{shown} is below min_score {policy.min_score:g}"
+            ))
+        else:
+            eligible.append(candidate)
+    return eligible, dropped
+
+
 def pack(
     candidates: list[Candidate], packing: Packing, detector: CopyDetector
 ) -> tuple[list[Packed], list[Drop]]:
@@ -195,16 +213,7 @@ def pack(
     `detector` finds the copies of kept passages."""
     policy, cost = packing.select, packing.cost
     packer = _Packer(packing, detector)
-    eligible: list[Candidate] = []
-    for candidate in candidates:
-        score = candidate.score
-        if policy.min_score is not None and (score is None or score < policy.min_score):
-            shown = "no score" if score is None else f"score {score:g}"
-            packer.dropped.append(candidate.drop(
-                DropReason.BELOW_MIN_SCORE, f"{shown} is below min_score {policy.min_score:g}"
-            ))
-        else:
-            eligible.append(candidate)
+    eligible, packer.dropped = below_min_score(candidates, policy)
     if policy.packing == "mmr":
         packer.mmr(eligible, policy.mmr_lambda, packing.drop_title_line)
     elif policy.packing == "density":

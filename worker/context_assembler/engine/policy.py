@@ -191,9 +191,13 @@ class SelectPolicy(_Section):
 
 
 class CompressPolicy(_Section):
-    """Extractive only: whole sentences, verbatim, in their original order."""
+    """Extractive only: whole sentences, verbatim, in their original order.
 
-    mode: Literal["off", "overflow", "always"] = "off"
+    `overflow` and `always` keep up to `max_sentences` of each passage; `focused` spends the
+    passage budget on the event's best sentences wherever they are (`engine/focus.py`),
+    and ignores `max_sentences` and `select.packing`."""
+
+    mode: Literal["off", "overflow", "always", "focused"] = "off"
     max_sentences: int = Field(default=3, ge=1, le=LARGEST_COUNT)
 
 

@@ -1,0 +1,235 @@
+"""Focused compression: the budget spent on the best sentences, verbatim, monotone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from context_assembler.contract.models import RetrievalResult
+from context_assembler.engine import assemble
+from context_assembler.engine.candidate import Candidate
+from context_assembler.engine.compress import ELISION
+from context_assembler.engine.dedup import CopyDetector
+from context_assembler.engine.focus import (
+    DATE,
+    NAME,
+    NUMBER,
+    FocusPacking,
+    asks_for,
+    focus,
+    held_kinds,
+    marks_of,
+    segments,
+    stem,
+    terms,
+)
+from context_assembler.engine.policy import DedupPolicy, Policy, policy_from_mapping
+from context_assembler.engine.tokens import get_counter
+from context_assembler.intake.policies import load_preset
+from tests.factories import chunk, event
+
+COUNTER = get_counter("cl100k_base")
+WORDS = st.sampled_from([
+    "It", "He", "This", "the", "pump", "was", "released", "release", "in", "1998", "May",
+    "warranty", "lasts", "two", "years", "Smith", "founded", "refunds", "take", "days", "of",
+    "J.", "U.S.", "and", "a", "[S1]", "</documents>", "…",
+])
+SENTENCE = st.builds(
+    lambda words, end: " ".join(words) + end,
+    st.lists(WORDS, min_size=1, max_size=14), st.sampled_from([".", "!", "?", "", ". "]),
+)
+TEXT = st.lists(SENTENCE, min_size=1, max_size=8).map(
+    lambda parts: "".join(p if i % 3 else p + "\n" for i, p in enumerate(parts)).strip() or "x")
+
+
+@st.composite
+def events(draw: st.DrawFn) -> RetrievalResult:
+    chunks = [
+        {"chunk_id": f"c{i}", "text": draw(TEXT),
+         "score": draw(st.none() | st.floats(0, 1)),
+         "title": draw(st.none() | st.sampled_from(["Pump guide", "Smith"]))}
+        for i in range(draw(st.integers(0, 8)))
+    ]
+    return RetrievalResult.model_validate({
+        "request_id": "r", "question": " ".join(draw(st.lists(WORDS, min_size=1, max_size=8))),
+        "chunks": chunks,
+    })
+
+
+def focused(budget: int, **sections: dict[str, Any]) -> Policy:
+    return policy_from_mapping(
+        {"budget": {"context_tokens": budget}, "compress": {"mode": "focused"}, **sections},
+        base=load_preset("focused"),
+    )
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _runs_in_order(extract: str, original: str) -> bool:
+    """Each stretch between "…" marks is the original's text (blanks aside), in order."""
+    flat, at = _flat(original), 0
+    for run in extract.split(ELISION):
+        run = _flat(run)
+        if not run:
+            continue
+        found = flat.find(run, at)
+        if found < 0:
+            return False
+        at = found + len(run)
+    return True
+
+
+def _focus(evented: RetrievalResult, budget: int) -> tuple[list[Any], list[Any]]:
+    candidates = [Candidate(rank, c) for rank, c in enumerate(evented.chunks, start=1)]
+
+    def cost(candidate: Candidate, text: str) -> int:
+        return COUNTER.count(f"[S9] (-) {text}")
+
+    packing = FocusPacking(budget=budget, question=evented.question, count=COUNTER.count,
+                           count_parts=COUNTER.count_parts, tokenizer=COUNTER.name,
+                           header=lambda _: "[S9] (-) ", cost=cost, separator_tokens=1, max_chunks=None)
+    return focus(candidates, packing, CopyDetector(DedupPolicy()))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events(), st.integers(1, 600))
+def test_every_kept_passage_is_its_chunks_sentences_verbatim_in_order(
+    evented: RetrievalResult, budget: int
+) -> None:
+    kept, _ = _focus(evented, budget)
+    for item in kept:
+        if not item.compressed:
+            assert item.text is item.candidate.text
+        else:
+            assert ELISION in item.text and _runs_in_order(item.text, item.candidate.text)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events(), st.integers(1, 600))
+def test_never_over_budget_every_chunk_once_and_the_same_bytes_twice(
+    evented: RetrievalResult, budget: int
+) -> None:
+    policy = focused(budget)
+    result = assemble(evented, policy)
+    audit, prompt = result.audit, result.prompt
+    assert COUNTER.count(prompt.context) == audit.tokens.context <= budget
+    ranks = sorted([k.rank for k in audit.kept] + [d.rank for d in audit.dropped])
+    assert ranks == list(range(1, len(evented.chunks) + 1))
+    again = assemble(evented, policy)
+    assert again.prompt.model_dump_json() == prompt.model_dump_json()
+    assert again.audit.model_dump_json() == audit.model_dump_json()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events(), st.integers(1, 500), st.integers(1, 400))
+def test_a_larger_budget_keeps_every_sentence_a_smaller_one_kept(
+    evented: RetrievalResult, budget: int, more: int
+) -> None:
+    small, _ = _focus(evented, budget)
+    large, _ = _focus(evented, budget + more)
+    larger = {item.candidate.rank: item.text for item in large}
+    for item in small:
+        assert item.candidate.rank in larger
+        for run in filter(None, map(_flat, item.text.split(ELISION))):
+            assert run in _flat(larger[item.candidate.rank])
+
+
+def test_word_forms_meet() -> None:
+    assert stem("released") == stem("release") == stem("releases") == stem("releasing")
+    assert stem("movies") == stem("movie")
+    assert stem("countries") == stem("country")
+    assert stem("glass") == "glass" and stem("bus") == "bus"
+    assert terms("When was the movie released?") == frozenset({"movi", "releas"})
+
+
+def test_what_a_question_asks_for() -> None:
+    assert asks_for("when is the next deadpool movie being released") == DATE
+    assert asks_for("in what year did the war end") == DATE
+    assert asks_for("how many episodes are in season 5") == NUMBER
+    assert asks_for("who sang the song") == NAME
+    assert asks_for("where is the tower") == NAME
+    assert asks_for("what is a pump") == 0
+
+
+def test_what_kind_of_answer_a_sentence_holds_beyond_the_question() -> None:
+    asked = frozenset({"season", "5"})
+    def kinds(sentence: str) -> int:
+        return held_kinds(marks_of(sentence), asked)
+
+    assert kinds("It was released on May 18, 2018.") & DATE
+    assert kinds("The season has twelve episodes.") & NUMBER
+    assert not kinds("Season 5 is good.") & NUMBER  # 5 is the question's own
+    assert kinds("The song was sung by Dick Powell.") & NAME
+    assert not kinds("the song was sung by him.")
+
+
+def test_a_sentence_that_starts_with_a_pronoun_leans_on_the_one_before() -> None:
+    found = segments("Deadpool 2 is a film. It was released in May. Sales were high.",
+                     COUNTER.count)
+    assert [s.text for s in found] == ["Deadpool 2 is a film.", "It was released in May.",
+                                       "Sales were high."]
+    assert [s.leans for s in found] == [False, True, False]
+    assert [s.text for s in segments("He met J. Smith in the U.S. Army. Done.",
+                                     COUNTER.count)] == ["He met J. Smith in the U.S. Army.",
+                                                         "Done."]
+
+
+def test_a_long_sentence_is_taken_in_pieces_of_its_own_text() -> None:
+    sentence = " ".join(f"word{n}" for n in range(300)) + "."
+    found = segments(sentence, COUNTER.count)
+    assert len(found) > 1
+    assert " ".join(s.text for s in found) == sentence
+    assert all(COUNTER.count(s.text) <= 2 * 64 for s in found)
+
+
+def test_the_subject_comes_with_a_pronoun_sentence() -> None:
+    """A kept "It shipped yesterday" brings the sentence that says what "it" is."""
+    text = ("The PW-2400 pump is our newest model. Our warehouse staff packed orders all week. "
+            "The office moved to a new floor. It shipped yesterday to every store.")
+    evented = event([chunk("news", text)], question="when was it shipped to stores")
+    context = assemble(evented, focused(40)).prompt.context
+    assert "It shipped yesterday to every store." in context
+    assert "The office moved to a new floor." in context
+
+
+def test_the_refund_answer_survives_a_tight_budget() -> None:
+    """The worked compression example: the refund time, not the holiday warehouse."""
+    text = ("Refunds are processed within five business days. "
+            "The refund goes back to the original payment method. "
+            "During the holiday season our warehouse team works around the clock. "
+            "Contact support if the refund has not arrived after ten days.")
+    evented = event([chunk("blog", "Our holiday season was busy this year. We thank our team."),
+                     chunk("refunds", text)], question="how long do refunds take")
+    result = assemble(evented, focused(25))
+    assert "Refunds are processed within five business days." in result.prompt.context
+    assert "holiday" not in result.prompt.context
+    assert [k.chunk_id for k in result.audit.kept] == ["refunds"]
+    assert result.audit.kept[0].compressed
+    (dropped,) = result.audit.dropped
+    assert dropped.chunk_id == "blog" and dropped.reason == "over_budget"
+    assert "no sentence of it" in dropped.detail
+
+
+def test_an_answer_deep_in_a_low_ranked_passage_beats_the_first_passages() -> None:
+    filler = " ".join(f"Filler sentence number {n} talks about lunch." for n in range(12))
+    chunks = [chunk(f"f{n}", filler, score=0.9 - n / 100) for n in range(6)]
+    chunks.append(chunk("gold", f"{filler} The Eiffel Tower was completed in 1889.",
+                        score=0.5))
+    evented = event(chunks, question="when was the eiffel tower completed")
+    assert "1889" in assemble(evented, focused(80)).prompt.context
+    assert "1889" not in assemble(evented, load_preset("default").model_copy(
+        update={"budget": focused(80).budget})).prompt.context
+
+
+def test_the_rows_of_a_table_stay_rows() -> None:
+    text = ("Category | Warranty\nMowers | 2 years\nPressure washers | 2 years, pump: 3 years\n"
+            "Tools | 10 years")
+    evented = event([chunk("table", text)], question="how long is the pump warranty")
+    context = assemble(evented, focused(30)).prompt.context
+    assert "Pressure washers | 2 years, pump: 3 years" in context
+    kept = assemble(evented, focused(45)).prompt.context
+    assert "Mowers | 2 years\nPressure washers | 2 years, pump: 3 years" in kept

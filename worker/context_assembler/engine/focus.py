@@ -1,0 +1,606 @@
+"""Query-focused packing (`[compress] mode = "focused"`): the budget goes to the sentences
+most likely to hold the answer, wherever they are, instead of to whole passages.
+
+Every passage is cut into sentences (a sentence longer than `MAX_SEGMENT_TOKENS` into
+pieces at spaces). Each sentence is scored against the question with lexical evidence:
+- the question's words it holds, each weighted by how rare it is among this event's own
+  passages (IDF: a word every passage holds says little), compared in light word forms
+  ("released" and "release" match);
+- the question's words its passage (title included) holds: a sentence of a passage about
+  the question's subject often answers without naming it again;
+- what the question asks for: a year or date for "when" and "what year", a number for
+  "how many" or "how much", a name (a capitalised word the question lacks) for "who" and
+  "where";
+- a strong neighbour: the sentence after or before one that matches the question;
+- the reranker's verdict (the chunk's score, or its rank) as a small prior.
+Sentences are then taken best first, each with what it leans on: a sentence that starts
+with a pronoun or a connective ("It", "He", "This", "However") brings the sentence before
+it, which names its subject. Taking stops at the first sentence that does not fit, so the
+sentences kept at a budget are a prefix of one order that does not depend on the budget:
+a larger budget keeps everything a smaller one kept, and more (a passage walk that skips
+what does not fit and tries the next can keep less at a larger budget).
+
+Extractive: each kept sentence is verbatim, in its passage's order, "…" where text was
+left out; a passage with every sentence kept is its whole text. Linear in the input: each
+passage is split and scored once, each sentence taken once, one sort.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+import operator
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from context_assembler.contract.models import DropReason
+from context_assembler.engine import caches
+from context_assembler.engine.cache import SizedCache
+from context_assembler.engine.candidate import Candidate, Drop
+from context_assembler.engine.compress import ELISION
+from context_assembler.engine.dedup import CopyDetector
+from context_assembler.engine.render import neutralise
+from context_assembler.engine.words import words
+
+# A sentence ends at ".", "!" or "?" (a closing quote or bracket may follow) before blanks,
+# unless the stop ends an initial ("J. Smith", "U.S."): a single letter after a blank or
+# another stop. One pass, no backtracking: the lookbehinds are fixed width.
+_SENTENCE_END: Final = re.compile(
+    r"(?<![\s.][A-Za-z][.])(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+"
+)
+MAX_SEGMENT_TOKENS: Final = 64  # a longer sentence is taken in pieces of about this many
+_CHARS_PER_TOKEN_LEAST: Final = 2  # a piece holds at least this many characters a token
+
+# Words that say nothing of what a sentence is about.
+STOPWORDS: Final = frozenset(
+    "a about after also am an and any are as at be been before being between both but by "
+    "can could did do does doing during each for from had has have having he her hers him "
+    "his how i if in into is it its just me more most my no nor not now of off on once only "
+    "or other our out over own s same she should so some such t than that the their them "
+    "then there these they this those through to too under until up very was we were what "
+    "when where which while who whom whose why will with would you your".split()
+)
+# A sentence that starts with one of these leans on the one before it for its subject.
+LEANING: Final = frozenset(
+    "it its he his she her they their them this these that those such there however but "
+    "also then thus therefore both each another later afterwards instead yet".split()
+)
+_NUMBER_WORDS: Final = frozenset(
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy "
+    "eighty ninety hundred thousand million billion trillion dozen first second third "
+    "fourth fifth sixth seventh eighth ninth tenth half".split()
+)
+_MONTHS: Final = frozenset(
+    "january february march april may june july august september october november "
+    "december century decade".split()
+)
+_YEAR: Final = re.compile(r"\d{3,4}s?|\d{1,2}(?:st|nd|rd|th)")
+
+# What a question asks for, by its opening words.
+DATE, NUMBER, NAME = 1, 2, 4
+_ASKS: Final = (
+    (("when",), DATE),
+    (("what", "year"), DATE), (("which", "year"), DATE), (("what", "date"), DATE),
+    (("what", "century"), DATE), (("how", "old"), NUMBER | DATE),
+    (("how", "many"), NUMBER), (("how", "much"), NUMBER), (("how", "long"), NUMBER | DATE),
+    (("how", "far"), NUMBER), (("how", "tall"), NUMBER), (("how", "big"), NUMBER),
+    (("what", "percentage"), NUMBER), (("what", "number"), NUMBER),
+    (("who",), NAME), (("whom",), NAME), (("whose",), NAME), (("where",), NAME),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """How much each kind of evidence counts (the words the sentence shares count 1)."""
+
+    passage: float = 0.8
+    asked: float = 0.35
+    neighbour: float = 0.3
+    prior: float = 0.1
+    opening: float = 0.05
+
+
+WEIGHTS: Final = Weights()
+
+
+def _stem(word: str) -> str:
+    """A light word form: plural, past and -ing endings and a final e or y off, so that
+    "released", "releases" and "release" meet, and "movies" and "movie"."""
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    for suffix, keep in (("ies", "i"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e"),
+                         ("s", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            if suffix == "s" and word.endswith(("ss", "us", "is")):
+                break
+            word = word[: len(word) - len(suffix)] + keep
+            break
+    if len(word) > 3 and word[-1] in "ey":
+        word = word[:-1] + ("i" if word[-1] == "y" else "")
+    return word
+
+
+_stem_short = functools.lru_cache(caches.max_entries("word_forms"))(_stem)
+caches.register_function_cache("word_forms", _stem_short)
+_CACHED_WORD_CHARS: Final = 32  # longer words are rare: not worth their memory
+
+
+def stem(word: str) -> str:
+    """`_stem`, remembered for the words of usual length."""
+    return _stem_short(word) if len(word) <= _CACHED_WORD_CHARS else _stem(word)
+
+
+def terms(text: str) -> frozenset[str]:
+    """The word forms of `text` that can say what it is about."""
+    return frozenset(stem(word) for word in words(text) if word not in STOPWORDS)
+
+
+def asks_for(question: str) -> int:
+    """What kind of answer `question` asks for (DATE, NUMBER, NAME bits; 0: no cue)."""
+    found = words(question)
+    asked = 0
+    for start in range(min(len(found), 3)):  # "and when did", "in what year"
+        for opening, kind in _ASKS:
+            if tuple(found[start:start + len(opening)]) == opening:
+                asked |= kind
+        if asked:
+            return asked
+    return asked
+
+
+Marks = tuple[tuple[str, int], ...]
+
+
+def marks_of(sentence: str) -> Marks:
+    """The words of `sentence` that may be an answer, each with its kinds (DATE, NUMBER,
+    NAME): digits, months, number words, capitalised words after the first."""
+    found: list[tuple[str, int]] = []
+    for index, token in enumerate(sentence.split()):
+        word = token.strip(".,;:!?\"'()[]").lower()
+        if not word:
+            continue
+        kind = 0
+        if word[0].isdigit():
+            kind = NUMBER | (DATE if _YEAR.fullmatch(word) else 0)
+        elif word in _MONTHS:
+            kind = DATE
+        elif word in _NUMBER_WORDS:
+            kind = NUMBER
+        if index and token[:1].isupper() and word.isalpha() and word not in STOPWORDS:
+            kind |= NAME
+        if kind:
+            found.append((word, kind))
+    return tuple(found)
+
+
+def held_kinds(marks: Marks, question_words: frozenset[str]) -> int:
+    """The kinds of answer a sentence holds that the question does not already say."""
+    held = 0
+    for word, kind in marks:
+        if word not in question_words:
+            held |= kind
+    return held
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A sentence, or a piece of a long one, as it stands in its passage."""
+
+    text: str
+    joined: str  # what joins it to the segment before it: "\n" (it opens a line), " " or ""
+    leans: bool  # starts with a word that needs the segment before it
+    marks: Marks  # its words that may be an answer (`marks_of`)
+
+
+def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
+    """`text` cut into sentences, and a sentence that counts more than MAX_SEGMENT_TOKENS
+    into pieces at spaces (at a character if it has none): every piece verbatim. A segment
+    that starts a line is joined to the one before by a line break, so that the rows of a
+    table or a list stay rows."""
+    found: list[Segment] = []
+    for line in text.splitlines():
+        opens_line = True
+        for sentence in _SENTENCE_END.split(line):
+            sentence = sentence.strip()
+            if not sentence:
+                continue
+            first = words(sentence[:40])
+            leans = bool(first) and first[0] in LEANING
+            for number, piece in enumerate(_pieces(sentence, count)):
+                joined = "\n" if opens_line else " " if number == 0 or piece[1] else ""
+                opens_line = False
+                found.append(Segment(piece[0], joined, leans if number == 0 else True,
+                                     marks_of(piece[0])))
+    return found
+
+
+def _pieces(sentence: str, count: Callable[[str], int]) -> list[tuple[str, bool]]:
+    """(piece, whether a space came before it) for a sentence cut to about
+    MAX_SEGMENT_TOKENS each; a short sentence is one piece."""
+    longest = MAX_SEGMENT_TOKENS * _CHARS_PER_TOKEN_LEAST
+    if len(sentence) <= longest or count(sentence) <= MAX_SEGMENT_TOKENS:
+        return [(sentence, True)]
+    pieces: list[tuple[str, bool]] = []
+    start, spaced = 0, True
+    while start < len(sentence):
+        end = min(len(sentence), start + longest)
+        if end < len(sentence):
+            cut = sentence.rfind(" ", start + 1, end + 1)
+            end = cut if cut > start else end
+        piece = sentence[start:end]
+        pieces.append((piece, spaced))
+        rest = sentence[end:]
+        spaced = rest[:1] == " "
+        start = end + (1 if spaced else 0)
+    return pieces
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """What focusing reads of a passage whatever the question: its segments, their counts
+    (each after its joiner; the first at a line start), and the word forms of the whole
+    passage, title included."""
+
+    segments: tuple[Segment, ...]
+    tokens: tuple[int, ...]
+    held: frozenset[str]
+    postings: dict[str, tuple[int, ...]]  # word form -> the segments holding it, in order
+    kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
+    marked: frozenset[str]  # every word of the passage that `marks_of` marks
+    nbytes: int  # what holding it in the cache costs, approximately
+    _split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+
+    def split(self, asked: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The segments that hold a kind of answer `asked` names, and the others (made
+        once per kind of question: there are a handful)."""
+        found = self._split.get(asked)
+        if found is None:
+            found = self._split[asked] = (
+                tuple(i for i, kind in enumerate(self.kinds) if kind & asked),
+                tuple(i for i, kind in enumerate(self.kinds) if not kind & asked),
+            )
+        return found
+
+
+def _analysis_bytes(analysis: Analysis) -> int:
+    return analysis.nbytes
+
+
+# By (text key, title, tokenizer): a popular passage is split, stemmed and counted once.
+ANALYSES: Final[SizedCache[tuple[int, str | None, str], Analysis]] = caches.sized_cache(
+    "sentences", _analysis_bytes)
+_ENTRY_BYTES: Final = 400  # the entry, its key and tuples, besides what is counted below
+_SEGMENT_BYTES: Final = 200  # a Segment and its tuple of marks
+_WORD_BYTES: Final = 64  # a word form or a marked word, and its set or tuple slot
+_POSTING_BYTES: Final = 120  # a word form's entry in `postings`: its slot, string and tuple
+_INDEX_BYTES: Final = 8  # a segment's index in a posting tuple (small ints are shared)
+_SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
+
+
+def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -> Analysis:
+    """The passage's `Analysis`, from the cache when a request has made it before."""
+    key = (candidate.text_key, candidate.title, tokenizer)
+    found = ANALYSES.get(key)
+    if found is not None:
+        return found
+    parts = tuple(segments(candidate.text, count))
+    tokens = tuple(count(s.text) if n == 0 else count(s.joined + s.text)
+                   for n, s in enumerate(parts))
+    postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
+    for index, part in enumerate(parts):
+        for term in terms(part.text):
+            postings.setdefault(term, []).append(index)
+    held = frozenset(postings)
+    if candidate.title:
+        held |= terms(candidate.title)
+    marked = frozenset(word for part in parts for word, _ in part.marks)
+    kinds = tuple(functools.reduce(operator.or_, (kind for _, kind in part.marks), 0)
+                  for part in parts)
+    nbytes = (
+        _ENTRY_BYTES + sys.getsizeof(candidate.title or "") + 2 * len(candidate.text)
+        + sum(_SEGMENT_BYTES + _WORD_BYTES * len(s.marks) for s in parts)
+        + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in postings.values())
+        + _WORD_BYTES * (len(held) + len(marked)) + _SPLITS_BYTES * len(parts)
+    )
+    found = Analysis(parts, tokens, held, {t: tuple(i) for t, i in postings.items()}, kinds,
+                     marked, nbytes)
+    ANALYSES.put(key, found)
+    return found
+
+
+@dataclass(slots=True)
+class _Passage:
+    candidate: Candidate
+    analysis: Analysis
+    segments: tuple[Segment, ...]
+    tokens: tuple[int, ...]  # each segment's count after a space (the first: at a line start)
+    held: frozenset[str]  # the word forms of the whole passage, title included
+    chosen: list[bool]
+    header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
+    taken: int = 0  # segments chosen
+    admitted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Focused:
+    """A passage as focusing left it: its text, its cost, whether text was left out."""
+
+    candidate: Candidate
+    text: str
+    tokens: int
+    compressed: bool
+
+
+def extract(passage: _Passage) -> list[str]:
+    """The chosen segments in order, "…" where any were left out, in pieces (joined, the
+    extract); the whole text, one piece, if none was left out. Each piece but the first
+    starts with the blank that joins it, as its count was cached (`analyse`), so that
+    counting the pieces joined adds cached counts (`count_parts`)."""
+    if passage.taken == len(passage.segments):
+        return [passage.candidate.text]
+    pieces: list[str] = []
+    previous = -1
+    for index, segment in enumerate(passage.segments):
+        if not passage.chosen[index]:
+            continue
+        if index != previous + 1:
+            pieces += [f" {ELISION}" if pieces else ELISION, f" {segment.text}"]
+        else:
+            pieces.append(segment.joined + segment.text if pieces else segment.text)
+        previous = index
+    if previous != len(passage.segments) - 1:
+        pieces.append(f" {ELISION}")
+    return pieces
+
+
+def weights_of_terms(passages: list[_Passage], question: frozenset[str]) -> dict[str, float]:
+    """Each question word's weight: its inverse document frequency among these passages."""
+    frequency = dict.fromkeys(question, 0)
+    for passage in passages:
+        for term in question & passage.held:
+            frequency[term] += 1
+    total = len(passages)
+    return {
+        term: math.log(1 + (total - found + 0.5) / (found + 0.5))
+        for term, found in sorted(frequency.items())
+    }
+
+
+def priors(candidates: list[Candidate]) -> dict[int, float]:
+    """The reranker's verdict in [0, 1]: the chunk's score relative to the best, or, without
+    scores on every chunk, 1 / rank."""
+    scores = [c.score for c in candidates]
+    if not candidates or any(s is None for s in scores):
+        return {c.rank: 1.0 / c.rank for c in candidates}
+    low, high = min(s or 0.0 for s in scores), max(s or 0.0 for s in scores)
+    if high == low:
+        return dict.fromkeys((c.rank for c in candidates), 1.0)
+    return {c.rank: ((c.score or 0.0) - low) / (high - low) for c in candidates}
+
+
+Ranked = tuple[float, int, int]  # (minus the score, passage index, segment index)
+
+
+def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
+           ) -> Iterator[Ranked]:
+    """Every segment, best first (ties: the better-ranked passage, then the earlier
+    segment), made lazily: only the segments a question word, a neighbour of one or a
+    passage's opening sets apart are scored one by one; the rest of a passage scores the
+    same within its two groups (holding what the question asks for, or not), which are
+    merged in as they are reached. An event's cost grows with the segments that match and
+    the segments taken, not with every segment of every passage."""
+    question_terms = terms(question)
+    question_words = frozenset(words(question))
+    idf = weights_of_terms(passages, question_terms)
+    mass = sum(idf.values()) or 1.0
+    asked = asks_for(question)
+    prior = priors([p.candidate for p in passages])
+    explicit: list[Ranked] = []
+    groups: list[Iterator[Ranked]] = []
+    for number, passage in enumerate(passages):
+        analysis, size = passage.analysis, len(passage.segments)
+        about = sum(idf[t] for t in question_terms & passage.held) / mass
+        base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
+        matched: dict[int, float] = {}
+        for term in sorted(question_terms & passage.held):
+            for index in analysis.postings.get(term, ()):
+                matched[index] = matched.get(index, 0.0) + idf[term] / mass
+        # Where the question names a word a segment's kind rests on, judge each segment.
+        each = bool(asked) and not analysis.marked.isdisjoint(question_words)
+        special = set(range(size)) if each else {
+            near for index in matched for near in (index - 1, index, index + 1)
+            if 0 <= near < size} | ({0} if size else set())
+        for index in sorted(special):
+            near = max(matched.get(index - 1, 0.0), matched.get(index + 1, 0.0))
+            score = base + matched.get(index, 0.0) + weights.neighbour * near
+            kinds = (held_kinds(passage.segments[index].marks, question_words) if each
+                     else analysis.kinds[index])
+            if kinds & asked:
+                score += weights.asked
+            if index == 0:
+                score += weights.opening
+            explicit.append((-score, number, index))
+        if len(special) < size:
+            holding, others = analysis.split(asked)
+            groups.append(_group(-(base + weights.asked), number, holding, special))
+            groups.append(_group(-base, number, others, special))
+    explicit.sort()
+    return heapq.merge(explicit, *groups)
+
+
+def _group(key: float, number: int, indices: tuple[int, ...], scored_apart: set[int]
+           ) -> Iterator[Ranked]:
+    """The segments of one passage that share a score, but those scored one by one."""
+    return ((key, number, index) for index in indices if index not in scored_apart)
+
+
+class _Taking:
+    """The segments taken so far, and what the context costs as estimated: each passage's
+    header and label, its segments' counts, its "…" marks and a separator between
+    passages."""
+
+    def __init__(self, budget: int, separator: int, elision: int,
+                 count: Callable[[str], int], header: Callable[[Candidate], str]) -> None:
+        self.count = count
+        self.render_header = header
+        self.budget = budget
+        self.separator = separator
+        self.elision = elision
+        self.used = 0
+        self.admitted: list[_Passage] = []
+        self.steps: list[tuple[_Passage, list[int], bool]] = []  # to undo the last ones
+
+    def closure(self, passage: _Passage, index: int) -> list[int]:
+        """`index` and the segments before it that it leans on, not yet chosen."""
+        needed = [index]
+        while passage.segments[index].leans and index > 0 and not passage.chosen[index - 1]:
+            index -= 1
+            needed.append(index)
+        return needed
+
+    def cost(self, passage: _Passage, needed: list[int]) -> int:
+        """What choosing `needed` (a run of unchosen segments, last first) adds to the
+        context, by the estimate: its segments, the change in "…" marks (one per run of
+        segments left out, once any is chosen) and, for a passage's first, its header and
+        separator. Worked out from the run's two neighbours alone."""
+        low, high = needed[-1], needed[0]
+        gap_before = low > 0 and not passage.chosen[low - 1]
+        gap_after = high + 1 < len(passage.chosen) and not passage.chosen[high + 1]
+        marks = gap_before + gap_after - (1 if passage.taken else 0)
+        added = sum(passage.tokens[index] for index in needed) + marks * self.elision
+        if passage.admitted:
+            return added
+        if passage.header < 0:  # counted only for the passages that come this far
+            passage.header = self.count(self.render_header(passage.candidate))
+        return added + passage.header + (self.separator if self.admitted else 0)
+
+    def take(self, passage: _Passage, needed: list[int], cost: int) -> None:
+        admitted_now = not passage.admitted
+        if admitted_now:
+            passage.admitted = True
+            self.admitted.append(passage)
+        for index in needed:
+            passage.chosen[index] = True
+        passage.taken += len(needed)
+        self.used += cost
+        self.steps.append((passage, needed, admitted_now))
+
+    def undo(self) -> _Passage | None:
+        """Give back the last step; the passage it admitted, if it did."""
+        passage, needed, admitted_now = self.steps.pop()
+        for index in needed:
+            passage.chosen[index] = False
+        passage.taken -= len(needed)
+        if admitted_now:
+            passage.admitted = False
+            self.admitted.remove(passage)
+            return passage
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FocusPacking:
+    """What focusing needs besides the candidates: the passage budget, the question, how a
+    text counts, how a passage costs as rendered, and the separator's count."""
+
+    budget: int
+    question: str
+    count: Callable[[str], int]
+    count_parts: Callable[[Sequence[str]], int]  # the exact count of the parts joined
+    tokenizer: str  # the name of what `count` counts with: analyses are kept per tokenizer
+    header: Callable[[Candidate], str]  # the passage as rendered before its text
+    cost: Callable[[Candidate, str], int]
+    separator_tokens: int
+    max_chunks: int | None
+    weights: Weights = WEIGHTS
+
+
+def focus(
+    candidates: list[Candidate], packing: FocusPacking, detector: CopyDetector
+) -> tuple[list[Focused], list[Drop]]:
+    """The passages the best sentences come from, in the order they were first taken, and
+    the candidates none of whose sentences was taken, with why."""
+    count = packing.count
+    passages: list[_Passage] = []
+    for candidate in candidates:
+        found = analyse(candidate, count, packing.tokenizer)
+        passages.append(_Passage(candidate, found, found.segments, found.tokens, found.held,
+                                 [False] * len(found.segments)))
+    taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"), count,
+                     packing.header)
+    dropped: dict[int, Drop] = {}
+    refused: set[int] = set()  # passages left out: copies, or beyond max_chunks
+    stopped: tuple[int, str] | None = None
+    for place, (_, number, index) in enumerate(scored(passages, packing.question,
+                                                      packing.weights)):
+        passage = passages[number]
+        if number in refused or passage.chosen[index]:
+            continue
+        if not passage.admitted:
+            if packing.max_chunks is not None and len(taking.admitted) >= packing.max_chunks:
+                refused.add(number)
+                dropped[number] = passage.candidate.drop(
+                    DropReason.MAX_CHUNKS,
+                    f"context already holds max_chunks={packing.max_chunks}")
+                continue
+            twin = detector.find_twin(passage.candidate)
+            if twin is not None:
+                refused.add(number)
+                dropped[number] = twin.drop(passage.candidate)
+                continue
+        needed = taking.closure(passage, index)
+        cost = taking.cost(passage, needed)
+        if taking.used + cost > packing.budget:
+            stopped = (place + 1, f"{cost} tokens")
+            break
+        if not passage.admitted:
+            detector.add_kept(passage.candidate)
+        taking.take(passage, needed, cost)
+    kept = _exact(taking, packing, dropped)
+    for number, passage in enumerate(passages):
+        if number in dropped or passage.admitted:
+            continue
+        detail = ("no sentence of it was among the best that fit the budget"
+                  + (f" (the next best, sentence {stopped[0]} of the event's order, needed "
+                     f"{stopped[1]}, {max(0, packing.budget - taking.used)} left)"
+                     if stopped else ""))
+        dropped[number] = passage.candidate.drop(DropReason.OVER_BUDGET, detail)
+    return kept, [dropped[n] for n in sorted(dropped)]
+
+
+def _exact(taking: _Taking, packing: FocusPacking, dropped: dict[int, Drop]) -> list[Focused]:
+    """The taken passages as rendered, recounted exactly; while the estimate fell short of
+    the exact count, the last steps are given back (the budget is never exceeded)."""
+    while True:
+        kept = [_rendered(p, packing) for p in taking.admitted]
+        total = sum(k.tokens for k in kept) + packing.separator_tokens * max(0, len(kept) - 1)
+        if total <= packing.budget or not taking.steps:
+            return kept
+        gone = taking.undo()
+        if gone is not None:  # copies dropped for it now point at nothing shown
+            for number, drop in list(dropped.items()):
+                if drop.duplicate_of == gone.candidate.chunk_id:
+                    del dropped[number]
+
+
+def _rendered(passage: _Passage, packing: FocusPacking) -> Focused:
+    """The passage as extracted, with its exact cost: counted from its pieces (whose counts
+    are mostly cached) where rendering leaves its text as it is, else rendered whole."""
+    candidate = passage.candidate
+    pieces = extract(passage)
+    text = "".join(pieces)
+    if text is candidate.text or len(pieces) == 1:
+        return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False)
+    if neutralise(text) != text:
+        return Focused(candidate, text, packing.cost(candidate, text), True)
+    header = packing.header(candidate)
+    if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
+        parts = [header[:-1], f" {pieces[0]}", *pieces[1:]]
+    else:
+        parts = [header, *pieces]
+    return Focused(candidate, text, packing.count_parts(parts), True)
