@@ -41,6 +41,11 @@ MIN_MESSAGE_BYTES = 16_384
 # aiokafka compresses and decodes snappy, lz4 and zstd with cramjam, its codec extras.
 CODEC_PACKAGE = "cramjam"
 INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
+# Most bytes one compressed record batch of input may decompress to (kafka.batches): eight
+# times max_event_bytes' default, far above what producers batch by default (librdkafka
+# 1 MB, the Java client 16 KB compressed), and twice it (the batch, then its records copied
+# out) stays well under the deployments' 512 MiB limit beside the worker's ~250 MB.
+DEFAULT_MAX_BATCH_BYTES = 32 * 1024 * 1024
 # The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off):
 # exactly_once, 50 ms: against back-to-back rounds, a sixth less CPU at 100 events/s for 27 ms
 # more latency, and no more latency at 150 events/s, where a round takes longer anyway (against
@@ -133,6 +138,11 @@ class Settings(BaseSettings):
     )
     max_event_bytes: Annotated[int, Flag("--max-event-bytes")] = _limit(
         "max_event_bytes", "Largest event accepted, in bytes; a larger one is rejected unread.")
+    max_batch_bytes: Annotated[int, Flag("--max-batch-bytes")] = Field(
+        default=DEFAULT_MAX_BATCH_BYTES, ge=1024 * 1024,
+        description="Most bytes a compressed record batch read from Kafka may decompress to, "
+        "at least max_event_bytes; a batch that would decompress to more is skipped unread "
+        "and dead-lettered (limits). Bounds the memory a small compressed batch can cost.")
     max_chunks: Annotated[int, Flag("--max-chunks")] = _limit(
         "max_chunks", "Most chunks one event may carry.")
     max_chunk_chars: Annotated[int, Flag("--max-chunk-chars")] = _limit(
@@ -302,6 +312,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _batch_holds_an_event(self) -> Settings:
+        if self.max_batch_bytes < self.max_event_bytes:
+            raise ValueError(f"ASSEMBLER_MAX_BATCH_BYTES={self.max_batch_bytes} is below "
+                             f"ASSEMBLER_MAX_EVENT_BYTES={self.max_event_bytes}: a batch of "
+                             "one event of the largest size accepted would be skipped")
+        return self
+
+    @model_validator(mode="after")
     def _distinct_topics(self) -> Settings:
         topics = [self.input_topic, self.prompts_topic, self.audit_topic, self.dlq_topic,
                   self.policies_topic]
@@ -392,7 +410,7 @@ def security_problems(settings: Settings) -> list[str]:
 _SECURITY = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
              "sasl_password_file", "sasl_oauthbearer_token_file", "ssl_ca_file",
              "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", "ssl_check_hostname")
-_KAFKA = ("bootstrap_servers", *_SECURITY)
+_KAFKA = ("bootstrap_servers", *_SECURITY, "max_batch_bytes")
 _TOPICS = ("input_topic", "prompts_topic", "audit_topic", "dlq_topic", "policies_topic")
 _CACHES = ("cache_facts_bytes", "cache_words_bytes", "cache_tokens_bytes")
 _ASSEMBLING = ("policy_file", "allowed_policies", *Limits.model_fields, *_CACHES)

@@ -1,0 +1,248 @@
+"""Compressed record batches decoded within a bound, or skipped unread.
+
+aiokafka decompresses a whole record batch in one call before any record of it is looked
+at, and a batch of a few kilobytes on the broker (the topic's max.message.bytes and the
+fetch sizes bound only compressed bytes) can decompress to gigabytes: a worker killed for
+its memory reads the same batch when restarted, and its partition never moves again.
+
+`guard` installs bounded decoders at the one place aiokafka decompresses a batch (the
+`*_decode` functions its record modules call, the C extension's and the pure-Python ones
+alike), so no batch is decoded to more than `max_batch_bytes`:
+
+- zstd and lz4 frames may declare their content size: a batch declaring more is refused
+  before anything is decoded; then (the header may lie or be absent) the batch is decoded
+  into a buffer of a given size, which the decoder stops at, grown up to the bound;
+- gzip is read by the standard library, as aiokafka reads it, a chunk at a time;
+- snappy (raw, or xerial's blocks) declares each block's length: their sum is checked
+  before any block is decoded.
+
+A batch that would decompress beyond the bound reaches the consumer as one record, at the
+batch's last offset, whose value is a `SkippedBatch` (so offsets after it are read and
+committed as usual): the worker and replay dead-letter it with reason `limits`, the other
+readers report it as they report records they skip.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import io
+import struct
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any, Final
+
+import cramjam
+from aiokafka.codec import _detect_xerial_stream
+from aiokafka.consumer import fetcher
+from aiokafka.record.memory_records import MemoryRecords
+
+from context_assembler.kafka.records import SkippedBatch
+from context_assembler.settings import DEFAULT_MAX_BATCH_BYTES
+
+Buffer = bytes | bytearray | memoryview
+# The first buffer a batch without a declared size is decoded into: its compressed size
+# times this (JSON compresses 3-10 times), grown by GROWTH while the decoder fills it.
+FIRST_GUESS: Final = 8
+GROWTH: Final = 4
+LEAST_BUFFER: Final = 64 * 1024
+GZIP_CHUNK: Final = 1024 * 1024
+# Where aiokafka's record batches call the decoders: its C extension (used unless
+# AIOKAFKA_NO_EXTENSIONS is set) and its pure-Python modules.
+RECORD_MODULES: Final = (
+    "aiokafka.record._crecords.default_records",
+    "aiokafka.record._crecords.legacy_records",
+    "aiokafka.record.default_records",
+    "aiokafka.record.legacy_records",
+)
+_ZSTD_MAGIC = 0xFD2FB528
+_LZ4_MAGIC = 0x184D2204
+# What cramjam's decoders say when they stopped at the end of the buffer given.
+_FULL = ("failed to write whole buffer", "Destination buffer is too small")
+
+
+class TooLarge(Exception):
+    """A batch decompresses to more than the bound (or declares it would)."""
+
+    def __init__(self, codec: str, compressed: int, limit: int,
+                 declared: int | None = None) -> None:
+        super().__init__(codec, compressed, limit, declared)
+        self.codec = codec
+        self.compressed = compressed
+        self.limit = limit
+        self.declared = declared
+
+
+def zstd_declared(data: Buffer) -> int | None:
+    """The content size a zstd frame's header declares, or None (no frame, no size)."""
+    head = bytes(data[:18])
+    if len(head) < 6 or int.from_bytes(head[:4], "little") != _ZSTD_MAGIC:
+        return None
+    descriptor = head[4]
+    size_flag, single_segment, dictionary_flag = descriptor >> 6, descriptor >> 5 & 1, \
+        descriptor & 3
+    position = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dictionary_flag]
+    width = (1 if single_segment else 0, 2, 4, 8)[size_flag]
+    if width == 0 or len(head) < position + width:
+        return None
+    size = int.from_bytes(head[position:position + width], "little")
+    return size + 256 if width == 2 else size
+
+
+def lz4_declared(data: Buffer) -> int | None:
+    """The content size an lz4 frame's header declares, or None."""
+    head = bytes(data[:14])
+    if len(head) < 14 or int.from_bytes(head[:4], "little") != _LZ4_MAGIC:
+        return None
+    if not head[4] & 0x08:  # FLG's content size bit
+        return None
+    return int.from_bytes(head[6:14], "little")
+
+
+def _decode_into(codec: str, decode: Callable[[Buffer, bytearray], int], data: Buffer,
+                 limit: int, declared: int | None) -> bytearray:
+    """`data` decoded by `decode` into a buffer the size it declares, or a guess, grown
+    while the decoder fills it, never past `limit` (one byte more tells it is over)."""
+    if declared is not None and declared > limit:
+        raise TooLarge(codec, len(data), limit, declared)
+    size = min(limit, declared if declared is not None
+               else max(FIRST_GUESS * len(data), LEAST_BUFFER))
+    while True:
+        out = bytearray(size + 1)
+        try:
+            written = decode(data, out)
+        except cramjam.DecompressionError as error:
+            if not any(full in str(error) for full in _FULL):
+                raise
+            written = size + 1
+        if written <= size:
+            del out[written:]
+            return out
+        del out
+        if size >= limit:
+            raise TooLarge(codec, len(data), limit)  # whatever its header said
+        size = min(limit, size * GROWTH)
+
+
+def zstd_decode(data: Buffer, limit: int) -> bytearray:
+    return _decode_into("zstd", cramjam.zstd.decompress_into, data, limit, zstd_declared(data))
+
+
+def lz4_decode(data: Buffer, limit: int) -> bytearray:
+    return _decode_into("lz4", cramjam.lz4.decompress_into, data, limit, lz4_declared(data))
+
+
+def gzip_decode(data: Buffer, limit: int) -> bytearray:
+    """As aiokafka decodes gzip (the standard library's GzipFile), a chunk at a time."""
+    out = bytearray()
+    with gzip.GzipFile(fileobj=io.BytesIO(data), mode="r") as stream:
+        while chunk := stream.read1(min(GZIP_CHUNK, limit + 1 - len(out))):
+            out += chunk
+            if len(out) > limit:
+                raise TooLarge("gzip", len(data), limit)
+    return out
+
+
+def snappy_decode(data: Buffer, limit: int) -> bytearray:
+    """As aiokafka decodes snappy (raw, or in xerial's blocks), each block's declared
+    length summed and checked before any is decoded."""
+    view = memoryview(data)
+    blocks = [view]
+    if _detect_xerial_stream(view):
+        blocks, cursor = [], 16
+        while cursor < len(view):
+            block_size = struct.unpack_from("!i", view, cursor)[0]
+            cursor += 4
+            blocks.append(view[cursor:cursor + block_size])
+            cursor += block_size
+    lengths = [cramjam.snappy.decompress_raw_len(block) for block in blocks]
+    if sum(lengths) > limit:
+        raise TooLarge("snappy", len(view), limit, sum(lengths))
+    out = bytearray(sum(lengths))
+    target = memoryview(out)
+    for block, length in zip(blocks, lengths, strict=True):
+        cramjam.snappy.decompress_raw_into(block, target[:length])
+        target = target[length:]
+    target.release()
+    return out
+
+
+class _Skipped:
+    """What aiokafka's fetcher reads of a batch skipped unread: one record at its last
+    offset (so the batch's offsets are consumed and committed past) valued `SkippedBatch`."""
+
+    key = None
+    checksum = None
+
+    def __init__(self, batch: Any, error: TooLarge) -> None:
+        self.offset: int = batch.next_offset - 1
+        base = getattr(batch, "base_offset", None)
+        timestamp = getattr(batch, "max_timestamp", -1)
+        self.timestamp = None if timestamp == -1 else timestamp
+        self.timestamp_type = getattr(batch, "timestamp_type", None) if self.timestamp is not None else None
+        self.headers: list[tuple[str, bytes]] = []
+        self.value = SkippedBatch(
+            first_offset=self.offset if base is None else base, last_offset=self.offset,
+            codec=error.codec, compressed_bytes=error.compressed, limit=error.limit,
+            declared=error.declared)
+
+
+class _GuardedBatch:
+    """A compressed batch whose iteration (where aiokafka decompresses it) yields one
+    `_Skipped` record instead of raising when it decompresses beyond the bound."""
+
+    def __init__(self, batch: Any) -> None:
+        self._batch = batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            return iter(self._batch)
+        except TooLarge as error:
+            return iter((_Skipped(self._batch, error),))
+
+
+class GuardedRecords:
+    """aiokafka's MemoryRecords (one partition's fetched bytes), its compressed batches
+    guarded: what the fetcher builds in its place once `guard` ran."""
+
+    def __init__(self, data: bytes) -> None:
+        self._records = MemoryRecords(data)
+
+    def size_in_bytes(self) -> int:
+        return int(self._records.size_in_bytes())
+
+    def has_next(self) -> bool:
+        return bool(self._records.has_next())
+
+    def next_batch(self) -> Any:
+        batch = self._records.next_batch()
+        if batch is None or not getattr(batch, "compression_type", 1):
+            return batch
+        return _GuardedBatch(batch)
+
+
+_installed: int | None = None
+
+
+def guard(max_batch_bytes: int | None = None) -> None:
+    """Bound every batch aiokafka decompresses in this process to `max_batch_bytes` (None:
+    as installed already, else the default). Idempotent; a later call sets a new bound."""
+    global _installed
+    limit = max_batch_bytes or _installed or DEFAULT_MAX_BATCH_BYTES
+    if limit == _installed:
+        return
+    decoders = {"gzip_decode": gzip_decode, "snappy_decode": snappy_decode,
+                "lz4_decode": lz4_decode, "zstd_decode": zstd_decode}
+    for name in RECORD_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # aiokafka installed without its C extension
+            continue
+        for attribute, decode in decoders.items():
+            if hasattr(module, attribute):
+                setattr(module, attribute, partial(decode, limit=limit))
+    fetcher.MemoryRecords = GuardedRecords
+    _installed = limit
