@@ -1,0 +1,167 @@
+"""Decompression bombs on a real broker: a few kilobytes that decompress to 256 MiB each.
+
+A librdkafka producer writes, for each of zstd, gzip and lz4, one record of a JSON prefix and
+256 MiB of spaces (8 KB as zstd, 260 KB as gzip, 1.1 MB as lz4: the input topic takes 4 MB
+records for it), each followed by valid events in batches of their own. Under both
+guarantees the worker dead-letters each bomb (reason `limits`, naming its offset), answers
+and commits every valid event after it, and its peak resident set (the kernel's VmHWM)
+stays under PEAK_RSS_MIB: before the bound, aiokafka decoded each bomb whole and the worker
+peaked at 600-1,000 MiB (bench/README.md has the figures). `replay` over the same input
+writes the bombs' error records and the valid events' prompts, under the same peak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, Message, Producer
+
+from tests.support.broker import Broker
+from tests.support.worker import (
+    ALLOWED_POLICIES,
+    Topics,
+    WorkerProcess,
+    committed_offsets,
+    end_offsets,
+    events,
+    read_topic,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
+MiB = 1024 * 1024
+BOMB_PREFIX = b'{"request_id": "bomb", "question": "'
+BOMB_SPACES = 256 * MiB
+CODECS = ("zstd", "gzip", "lz4")
+VALID_AFTER_EACH = 2
+# The default bound (ASSEMBLER_MAX_BATCH_BYTES, 32 MiB) decodes at most 32 MiB of a bomb, so
+# the worker peaks at what it takes anyway (150-200 MiB with its vocabularies) plus that.
+# Decoded whole, one 256 MiB bomb alone would take it past this.
+PEAK_RSS_MIB = 256
+
+
+def peak_rss_mib(status: str) -> float:
+    """The peak resident set (VmHWM) a /proc/PID/status text gives, in MiB."""
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM in {status[-2000:]}")
+
+
+def librdkafka_send(broker: Broker, topic: str, codec: str, records: list[tuple[bytes, bytes]]
+                    ) -> None:
+    """Send `records` compressed with `codec`, flushed: a batch of their own. A record may
+    be up to 1 GB before compression, as librdkafka allows."""
+    failures: list[str] = []
+
+    def delivered(error: KafkaError | None, _: Message) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers,
+                         "compression.type": codec, "enable.idempotence": True,
+                         "message.max.bytes": 1_000_000_000, "linger.ms": 5})
+    for key, value in records:
+        producer.produce(topic, value=value, key=key, on_delivery=delivered)
+    left = producer.flush(120)
+    assert left == 0 and not failures, f"{codec}: {left} unsent, failures {failures[:3]}"
+
+
+async def plant_bombs(broker: Broker, topics: Topics) -> list[bytes]:
+    """Each codec's bomb at offsets 0, 3 and 6, valid events after each; the valid ones."""
+    await broker.create_topics({topics.input: 1}, configs={"max.message.bytes": str(4 * MiB)})
+    await topics.create(broker, partitions=1)
+    valid = events(VALID_AFTER_EACH * len(CODECS))
+    for n, codec in enumerate(CODECS):
+        bomb = BOMB_PREFIX + b" " * BOMB_SPACES
+        librdkafka_send(broker, topics.input, codec, [(f"bomb-{codec}".encode(), bomb)])
+        del bomb
+        after = valid[n * VALID_AFTER_EACH:(n + 1) * VALID_AFTER_EACH]
+        librdkafka_send(broker, topics.input, codec,
+                        [(json.loads(v)["request_id"].encode(), v) for v in after])
+    return valid
+
+
+def assert_bombs_dead_lettered(letters: list[dict[str, bytes]]) -> None:
+    assert len(letters) == len(CODECS)
+    for letter, codec, offset in zip(letters, CODECS, (0, 3, 6), strict=True):
+        assert letter["__connect.errors.exception.class.name"] == b"RejectedInput.limits"
+        assert letter["__connect.errors.offset"] == str(offset).encode()
+        message = letter["__connect.errors.exception.message"].decode()
+        assert message.startswith(f"record batch at offset {offset} ({codec}, "), message
+        assert message.endswith("over max_batch_bytes=33554432: skipped unread"), message
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_bombs_are_dead_lettered_within_the_memory_bound(
+    broker: Broker, logs: Path, guarantee: str
+) -> None:
+    topics = Topics.fresh()
+    valid = await plant_bombs(broker, topics)
+    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
+                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
+    try:
+        worker.wait_ready()
+        committed = guarantee == "exactly_once"
+        dead = await read_topic(broker, topics.dlq, until=len(CODECS), committed_only=committed,
+                                settle=1)
+        prompts = await read_topic(broker, topics.prompts, until=len(valid),
+                                   committed_only=committed, settle=1)
+        assert worker.process is not None
+        peak = peak_rss_mib(Path(f"/proc/{worker.process.pid}/status").read_text())
+        print(f"{guarantee}: worker peak RSS {peak:.0f} MiB")
+        assert peak < PEAK_RSS_MIB, f"{guarantee}: peak RSS {peak:.0f} MiB"
+        assert_bombs_dead_lettered([dict(r.headers) for r in dead])
+        assert all(r.value == b"" and r.key is None for r in dead)
+        assert {r.key for r in prompts} == {json.loads(v)["request_id"].encode() for v in valid}
+        await wait_for_commits(broker, topics, await end_offsets(broker, topics.input))
+        assert worker.alive()
+        text = (logs / "worker.log").read_text()
+        assert text.count("skipped unread") == len(CODECS)  # one line each
+    finally:
+        assert worker.stop() == 0, worker.log_tail()
+
+
+async def wait_for_commits(broker: Broker, topics: Topics, ends: dict[int, int]) -> None:
+    """The group's committed offsets reach the end of the input: past every bomb."""
+    committed: dict[int, int] = {}
+    deadline = time.monotonic() + 60
+    while committed != ends:
+        assert time.monotonic() < deadline, f"committed {committed}, end {ends}"
+        await asyncio.sleep(0.5)
+        committed = await committed_offsets(broker, topics.group, topics.input)
+
+
+async def test_replay_reports_bombs_as_rejected_within_the_memory_bound(
+    broker: Broker, tmp_path: Path
+) -> None:
+    topics = Topics.fresh()
+    valid = await plant_bombs(broker, topics)
+    out, errors = tmp_path / "prompts.jsonl", tmp_path / "errors.jsonl"
+    allowed = [arg for name in ALLOWED_POLICIES for arg in ("--allow-policy", name)]
+    # In a process of its own, its VmHWM read as it ends (ru_maxrss would count the test
+    # process's pages the child had before exec).
+    measured = subprocess.run(
+        [sys.executable, "-c", "import sys\n"
+         "from context_assembler.cli.main import main\n"
+         "status = main(sys.argv[1:])\n"
+         "print(open('/proc/self/status').read(), file=sys.stderr)\n"
+         "sys.exit(status)",
+         "replay", "--bootstrap-servers", broker.bootstrap_servers,
+         "--input-topic", topics.input, "--prompts-topic", topics.prompts,
+         "--audit-topic", topics.audit, *allowed, "--out", str(out), "--errors", str(errors)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert measured.returncode == 0, measured.stderr + measured.stdout
+    peak = peak_rss_mib(measured.stderr)
+    print(f"replay: peak RSS {peak:.0f} MiB")
+    assert peak < PEAK_RSS_MIB, f"replay: peak RSS {peak:.0f} MiB"
+    rejected = [json.loads(line) for line in errors.read_bytes().splitlines()]
+    assert len(rejected) == len(CODECS)
+    assert all(r["reason"] == "limits" and "skipped unread" in r["message"] for r in rejected)
+    replayed = {json.loads(line)["request_id"] for line in out.read_bytes().splitlines()}
+    assert replayed == {json.loads(v)["request_id"] for v in valid}
