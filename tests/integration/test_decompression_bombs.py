@@ -1,13 +1,14 @@
 """Decompression bombs on a real broker: a few kilobytes that decompress to 256 MiB each.
 
 A librdkafka producer writes, for each of zstd, gzip and lz4, one record of a JSON prefix and
-256 MiB of spaces (8 KB as zstd, 260 KB as gzip, 1.1 MB as lz4: the input topic takes 4 MB
-records for it), each followed by valid events in batches of their own. Under both
-guarantees the worker dead-letters each bomb (reason `limits`, naming its offset), answers
-and commits every valid event after it, and its peak resident set (the kernel's VmHWM)
-stays under PEAK_RSS_MIB: before the bound, aiokafka decoded each bomb whole and the worker
-peaked at 600-1,000 MiB (bench/README.md has the figures). `replay` over the same input
-writes the bombs' error records and the valid events' prompts, under the same peak.
+256 MiB of spaces (8 KB as zstd, 260 KB as gzip, 1.1 MB as lz4), and for snappy 64 MiB (3 MB:
+it compresses 21-fold at most), each followed by valid events in batches of their own; the
+input topic takes 4 MB records for lz4's and snappy's. Under both guarantees the worker
+dead-letters each bomb (reason `limits`, naming its offset), answers and commits every valid
+event after it, and its peak resident set (the kernel's VmHWM) stays under PEAK_RSS_MIB:
+before the bound, aiokafka decoded each bomb whole and the worker peaked at 1.1 GiB
+(bench/README.md has the figures). `replay` over the same input writes the bombs' error
+records and the valid events' prompts, under the same peak.
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
-
+from tests.support.bombs import (
+    MEASURED_MAIN,
+    TOPIC_MAX_MESSAGE_BYTES,
+    bomb,
+    librdkafka_send,
+    peak_rss_mib,
+)
 from tests.support.broker import Broker
 from tests.support.worker import (
     ALLOWED_POLICIES,
@@ -35,9 +41,8 @@ from tests.support.worker import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 MiB = 1024 * 1024
-BOMB_PREFIX = b'{"request_id": "bomb", "question": "'
-BOMB_SPACES = 256 * MiB
-CODECS = ("zstd", "gzip", "lz4")
+BOMB_SPACES = {"zstd": 256 * MiB, "gzip": 256 * MiB, "lz4": 256 * MiB, "snappy": 64 * MiB}
+CODECS = tuple(BOMB_SPACES)
 VALID_AFTER_EACH = 2
 # The default bound (ASSEMBLER_MAX_BATCH_BYTES, 32 MiB) decodes at most 32 MiB of a bomb, so
 # the worker peaks at what it takes anyway (150-200 MiB with its vocabularies) plus that.
@@ -45,42 +50,15 @@ VALID_AFTER_EACH = 2
 PEAK_RSS_MIB = 256
 
 
-def peak_rss_mib(status: str) -> float:
-    """The peak resident set (VmHWM) a /proc/PID/status text gives, in MiB."""
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmHWM in {status[-2000:]}")
-
-
-def librdkafka_send(broker: Broker, topic: str, codec: str, records: list[tuple[bytes, bytes]]
-                    ) -> None:
-    """Send `records` compressed with `codec`, flushed: a batch of their own. A record may
-    be up to 1 GB before compression, as librdkafka allows."""
-    failures: list[str] = []
-
-    def delivered(error: KafkaError | None, _: Message) -> None:
-        if error is not None:
-            failures.append(str(error))
-
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers,
-                         "compression.type": codec, "enable.idempotence": True,
-                         "message.max.bytes": 1_000_000_000, "linger.ms": 5})
-    for key, value in records:
-        producer.produce(topic, value=value, key=key, on_delivery=delivered)
-    left = producer.flush(120)
-    assert left == 0 and not failures, f"{codec}: {left} unsent, failures {failures[:3]}"
-
-
 async def plant_bombs(broker: Broker, topics: Topics) -> list[bytes]:
-    """Each codec's bomb at offsets 0, 3 and 6, valid events after each; the valid ones."""
-    await broker.create_topics({topics.input: 1}, configs={"max.message.bytes": str(4 * MiB)})
+    """Each codec's bomb at offsets 0, 3, 6 and 9, valid events after each; the valid ones."""
+    await broker.create_topics({topics.input: 1},
+                               configs={"max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES)})
     await topics.create(broker, partitions=1)
     valid = events(VALID_AFTER_EACH * len(CODECS))
     for n, codec in enumerate(CODECS):
-        bomb = BOMB_PREFIX + b" " * BOMB_SPACES
-        librdkafka_send(broker, topics.input, codec, [(f"bomb-{codec}".encode(), bomb)])
-        del bomb
+        librdkafka_send(broker, topics.input, codec, [(f"bomb-{codec}".encode(),
+                                                        bomb(BOMB_SPACES[codec]))])
         after = valid[n * VALID_AFTER_EACH:(n + 1) * VALID_AFTER_EACH]
         librdkafka_send(broker, topics.input, codec,
                         [(json.loads(v)["request_id"].encode(), v) for v in after])
@@ -89,7 +67,7 @@ async def plant_bombs(broker: Broker, topics: Topics) -> list[bytes]:
 
 def assert_bombs_dead_lettered(letters: list[dict[str, bytes]]) -> None:
     assert len(letters) == len(CODECS)
-    for letter, codec, offset in zip(letters, CODECS, (0, 3, 6), strict=True):
+    for letter, codec, offset in zip(letters, CODECS, (0, 3, 6, 9), strict=True):
         assert letter["__connect.errors.exception.class.name"] == b"RejectedInput.limits"
         assert letter["__connect.errors.offset"] == str(offset).encode()
         message = letter["__connect.errors.exception.message"].decode()
@@ -144,14 +122,8 @@ async def test_replay_reports_bombs_as_rejected_within_the_memory_bound(
     valid = await plant_bombs(broker, topics)
     out, errors = tmp_path / "prompts.jsonl", tmp_path / "errors.jsonl"
     allowed = [arg for name in ALLOWED_POLICIES for arg in ("--allow-policy", name)]
-    # In a process of its own, its VmHWM read as it ends (ru_maxrss would count the test
-    # process's pages the child had before exec).
-    measured = subprocess.run(
-        [sys.executable, "-c", "import sys\n"
-         "from context_assembler.cli.main import main\n"
-         "status = main(sys.argv[1:])\n"
-         "print(open('/proc/self/status').read(), file=sys.stderr)\n"
-         "sys.exit(status)",
+    measured = subprocess.run(  # in a process of its own, for its peak alone
+        [sys.executable, "-c", MEASURED_MAIN,
          "replay", "--bootstrap-servers", broker.bootstrap_servers,
          "--input-topic", topics.input, "--prompts-topic", topics.prompts,
          "--audit-topic", topics.audit, *allowed, "--out", str(out), "--errors", str(errors)],
