@@ -21,6 +21,7 @@ from context_assembler.contract.models import AssembledPrompt, AssemblyAudit
 from context_assembler.diagnose.explain import printable
 from context_assembler.kafka.reader import Span, TopicReader
 from context_assembler.kafka.records import (
+    SkippedBatch,
     ERR,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -80,7 +81,9 @@ def render(kind: str, record: ConsumerRecord) -> str:
     origin = Origin.from_record(record)
     value = value_of(record)
     try:
-        if kind == "prompts":
+        if isinstance(value, SkippedBatch):
+            line = f"not read: {value.message}"
+        elif kind == "prompts":
             line = _prompt_line(value)
         elif kind == "audit":
             line = _audit_line(value)
