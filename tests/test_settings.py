@@ -55,7 +55,8 @@ READS_EVENTS = ["assemble", "explain", "sweep", "worker", "replay", "serve"]
 # A value other than the default for each setting a flag sets; numbers and names otherwise.
 SAMPLES = {"max_message_bytes": "20000", "session_timeout_seconds": "30",
            "processing_guarantee": "exactly_once", "compression_type": "gzip",
-           "log_level": "DEBUG", "allowed_policies": "estimated", "commit_interval_ms": "250"}
+           "log_level": "DEBUG", "allowed_policies": "estimated", "commit_interval_ms": "250",
+           "max_batch_bytes": "8388608"}
 
 
 def sample(name: str) -> str:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.support.bombs import (
     MEASURED_MAIN,
     TOPIC_MAX_MESSAGE_BYTES,

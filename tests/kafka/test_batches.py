@@ -27,8 +27,8 @@ from context_assembler.contract.models import RejectReason
 from context_assembler.kafka import batches
 from context_assembler.kafka.batches import (
     TooLarge,
-    gzip_decode,
     guard,
+    gzip_decode,
     lz4_decode,
     snappy_decode,
     zstd_decode,
@@ -191,7 +191,7 @@ def _zstd_with_declared(data: bytes, declared: int) -> bytes:
 
 def _lz4_with_declared(data: bytes, declared: int) -> bytes:
     """`data` in an lz4 frame whose header declares `declared` bytes, its checksum right."""
-    frame = aiokafka_codec.lz4_encode(data)
+    frame = bytes(aiokafka_codec.lz4_encode(data))
     flags, block = frame[4] | 0x08, frame[5]
     descriptor = bytes([flags, block]) + declared.to_bytes(8, "little")
     checksum = (xxhash.xxh32_intdigest(descriptor) >> 8) & 0xFF
@@ -250,7 +250,7 @@ def test_guarded_aiokafka_reads_valid_batches_as_it_did(codec: str) -> None:
     data = compressed_batch(codec, values, base_offset=7) + compressed_batch(codec, [b"z"], 11)
 
     def read(records: Any) -> list[tuple[Any, ...]]:
-        found = []
+        found: list[tuple[Any, ...]] = []
         while records.has_next():
             found.extend((r.offset, r.timestamp, r.key, r.value, r.headers)
                          for r in records.next_batch())

@@ -179,7 +179,8 @@ class _Skipped:
         base = getattr(batch, "base_offset", None)
         timestamp = getattr(batch, "max_timestamp", -1)
         self.timestamp = None if timestamp == -1 else timestamp
-        self.timestamp_type = getattr(batch, "timestamp_type", None) if self.timestamp is not None else None
+        self.timestamp_type = (None if self.timestamp is None
+                               else getattr(batch, "timestamp_type", None))
         self.headers: list[tuple[str, bytes]] = []
         self.value = SkippedBatch(
             first_offset=self.offset if base is None else base, last_offset=self.offset,

@@ -21,13 +21,13 @@ from context_assembler.contract.models import AssembledPrompt, AssemblyAudit
 from context_assembler.diagnose.explain import printable
 from context_assembler.kafka.reader import Span, TopicReader
 from context_assembler.kafka.records import (
-    SkippedBatch,
     ERR,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
     SOURCE_TOPIC,
     Headers,
     Origin,
+    SkippedBatch,
     header,
     value_of,
 )
