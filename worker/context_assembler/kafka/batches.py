@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import io
+import itertools
 import struct
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -200,9 +201,14 @@ class _GuardedBatch:
 
     def __iter__(self) -> Iterator[Any]:
         try:
-            return iter(self._batch)
+            records: Iterator[Any] = iter(self._batch)  # a v2 batch decompresses here
+            if not hasattr(self._batch, "compression_type"):  # a v0/v1 one on its first record
+                records = itertools.chain((next(records),), records)
+        except StopIteration:
+            return iter(())
         except TooLarge as error:
             return iter((_Skipped(self._batch, error),))
+        return records
 
 
 class GuardedRecords:
