@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, Final
 
-import cramjam
 from aiokafka.codec import _detect_xerial_stream
 from aiokafka.consumer import fetcher
 from aiokafka.record.memory_records import MemoryRecords
@@ -60,6 +59,12 @@ _ZSTD_MAGIC = 0xFD2FB528
 _LZ4_MAGIC = 0x184D2204
 # What cramjam's decoders say when they stopped at the end of the buffer given.
 _FULL = ("failed to write whole buffer", "Destination buffer is too small")
+
+
+def _cramjam() -> Any:
+    """aiokafka's codec extras, which decode snappy, lz4 and zstd. An image without them never
+    calls those decoders: aiokafka refuses such a batch first (kafka.codecs)."""
+    return importlib.import_module("cramjam")
 
 
 class TooLarge(Exception):
@@ -112,7 +117,7 @@ def _decode_into(codec: str, decode: Callable[[Buffer, bytearray], int], data: B
         out = bytearray(size + 1)
         try:
             written = decode(data, out)
-        except cramjam.DecompressionError as error:
+        except _cramjam().DecompressionError as error:
             if not any(full in str(error) for full in _FULL):
                 raise
             written = size + 1
@@ -126,11 +131,12 @@ def _decode_into(codec: str, decode: Callable[[Buffer, bytearray], int], data: B
 
 
 def zstd_decode(data: Buffer, limit: int) -> bytearray:
-    return _decode_into("zstd", cramjam.zstd.decompress_into, data, limit, zstd_declared(data))
+    return _decode_into("zstd", _cramjam().zstd.decompress_into, data, limit,
+                        zstd_declared(data))
 
 
 def lz4_decode(data: Buffer, limit: int) -> bytearray:
-    return _decode_into("lz4", cramjam.lz4.decompress_into, data, limit, lz4_declared(data))
+    return _decode_into("lz4", _cramjam().lz4.decompress_into, data, limit, lz4_declared(data))
 
 
 def gzip_decode(data: Buffer, limit: int) -> bytearray:
@@ -156,13 +162,14 @@ def snappy_decode(data: Buffer, limit: int) -> bytearray:
             cursor += 4
             blocks.append(view[cursor:cursor + block_size])
             cursor += block_size
-    lengths = [cramjam.snappy.decompress_raw_len(block) for block in blocks]
+    snappy = _cramjam().snappy
+    lengths = [snappy.decompress_raw_len(block) for block in blocks]
     if sum(lengths) > limit:
         raise TooLarge("snappy", len(view), limit, sum(lengths))
     out = bytearray(sum(lengths))
     target = memoryview(out)
     for block, length in zip(blocks, lengths, strict=True):
-        cramjam.snappy.decompress_raw_into(block, target[:length])
+        snappy.decompress_raw_into(block, target[:length])
         target = target[length:]
     target.release()
     return out
