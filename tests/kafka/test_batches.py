@@ -58,14 +58,16 @@ def unguarded() -> Iterator[None]:
     """Each test installs its own bound; aiokafka's decoders and fetcher are put back."""
     modules = [importlib.import_module(name) for name in batches.RECORD_MODULES]
     saved = [dict(vars(module)) for module in modules]
-    records, installed = fetcher.MemoryRecords, batches._installed
+    records, results, installed = fetcher.MemoryRecords, fetcher.FetchResult, batches._installed
+    limit = batches.read_ahead.limit
     batches._installed = None
     yield
     for module, names in zip(modules, saved, strict=True):
         for name in ("gzip_decode", "snappy_decode", "lz4_decode", "zstd_decode"):
             if name in names:
                 setattr(module, name, names[name])
-    fetcher.MemoryRecords, batches._installed = records, installed
+    fetcher.MemoryRecords, fetcher.FetchResult, batches._installed = records, results, installed
+    batches.read_ahead.limit = limit
 
 
 def compressed_batch(codec: str, values: list[bytes], base_offset: int = 0) -> bytes:

@@ -29,6 +29,8 @@ import importlib
 import io
 import itertools
 import struct
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, Final
@@ -238,6 +240,73 @@ class GuardedRecords:
         return _GuardedBatch(batch)
 
 
+class ReadAhead:
+    """Bytes of the records read and still alive (keys, values and headers), against a
+    bound: a consumer fetches no more while they are at it. Each record is counted from
+    when aiokafka hands it out until it is freed, and whatever holds it (a faust message,
+    a batch in flight) counts for as long as it lives, so no path can forget to give its
+    bytes back: records a rebalance drops from faust's buffers are freed with them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held = 0
+        self._lock = threading.Lock()  # faust's consumer thread hands records out
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    @property
+    def full(self) -> bool:
+        return self._held >= self.limit
+
+    def track(self, owner: object, size: int) -> None:
+        """Count `size` bytes until `owner` is freed."""
+        with self._lock:
+            self._held += size
+        weakref.finalize(owner, self._release, size)
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self._held -= size
+
+
+def record_bytes(record: Any) -> int:
+    """What a consumed record holds: its key, value and headers."""
+    size = len(record.key or b"") + len(record.value or b"")
+    return size + sum(len(name) + len(value or b"") for name, value in record.headers or ())
+
+
+read_ahead = ReadAhead(DEFAULT_MAX_BATCH_BYTES)
+
+
+class BoundedFetchResult(fetcher.FetchResult):  # type: ignore[misc]
+    """aiokafka's records of one partition fetched, handed out at most `read_ahead.limit`
+    bytes a call (and at least one record): a fetch of many batches just under the bound
+    would otherwise come out whole in one call."""
+
+    # aiokafka 0.14's FetchResult.getall, with the bytes counted (and tracked).
+    def getall(self, max_records: int | None = None) -> list[Any]:
+        if not self.check_assignment(self._topic_partition) or not self.has_more():
+            return []
+        records: list[Any] = []
+        size = 0
+        partition_records: Iterator[Any] = vars(self)["_partition_records"]
+        for record in partition_records:
+            records.append(record)
+            taken = record_bytes(record)
+            read_ahead.track(record, taken)
+            size += taken
+            if ((max_records is not None and len(records) >= max_records)
+                    or size >= read_ahead.limit):
+                self._update_position()
+                break
+        else:
+            self._update_position()
+            self._partition_records = None
+        return records
+
+
 _installed: int | None = None
 
 
@@ -259,4 +328,6 @@ def guard(max_batch_bytes: int | None = None) -> None:
             if hasattr(module, attribute):
                 setattr(module, attribute, partial(decode, limit=limit))
     fetcher.MemoryRecords = GuardedRecords
+    fetcher.FetchResult = BoundedFetchResult
+    read_ahead.limit = limit
     _installed = limit

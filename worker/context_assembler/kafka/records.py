@@ -324,7 +324,9 @@ def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
     try:
         assembly = assemble_bytes(raw, context.registry, context.limits)
     except RejectedInput as rejected:
-        return fit(Outcome((), None, rejected), raw, origin, context)
+        # Without its traceback: its frames hold `raw` and, through their callers, the
+        # outcomes that hold it back, a cycle only the garbage collector would free.
+        return fit(Outcome((), None, rejected.with_traceback(None)), raw, origin, context)
     headers: Headers = (
         (SOURCE_TOPIC, origin.topic.encode()),
         (SOURCE_PARTITION, str(origin.partition).encode()),
