@@ -49,6 +49,10 @@ VALID_AFTER_EACH = 2
 # the worker peaks at what it takes anyway (150-200 MiB with its vocabularies) plus that.
 # Decoded whole, one 256 MiB bomb alone would take it past this.
 PEAK_RSS_MIB = 256
+# Records alive (read and not yet freed) are at most max_batch_bytes, plus one fetch call's
+# last record and the batch being decoded: about 100 MiB more than a bomb costs.
+FLOOD_BATCHES = 32
+FLOOD_PEAK_RSS_MIB = 384
 
 
 async def plant_bombs(broker: Broker, topics: Topics) -> list[bytes]:
@@ -102,6 +106,42 @@ async def test_bombs_are_dead_lettered_within_the_memory_bound(
         assert worker.alive()
         text = (logs / "worker.log").read_text()
         assert text.count("skipped unread") == len(CODECS)  # one line each
+    finally:
+        assert worker.stop() == 0, worker.log_tail()
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_batches_each_under_the_bound_are_read_within_the_memory_bound(
+    broker: Broker, logs: Path, guarantee: str
+) -> None:
+    """Each batch decodes (30 MiB of spaces, under the 32 MiB bound), so only the read-ahead's
+    bound in bytes keeps them from piling up: 32 of them (32 KB on the broker) held 1.4 GiB
+    when the read-ahead was counted in events only."""
+    topics = Topics.fresh()
+    await topics.create(broker, partitions=1)
+    for n in range(FLOOD_BATCHES):
+        librdkafka_send(broker, topics.input, "zstd", [(b"flood-%d" % n, bomb(30 * MiB))])
+    valid = events(2)
+    librdkafka_send(broker, topics.input, "zstd",
+                    [(json.loads(v)["request_id"].encode(), v) for v in valid])
+    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
+                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
+    try:
+        worker.wait_ready()
+        committed = guarantee == "exactly_once"
+        prompts = await read_topic(broker, topics.prompts, until=len(valid),
+                                   committed_only=committed, settle=1, timeout=300)
+        assert worker.process is not None
+        peak = peak_rss_mib(Path(f"/proc/{worker.process.pid}/status").read_text())
+        print(f"{guarantee}: worker peak RSS {peak:.0f} MiB over the flood")
+        assert peak < FLOOD_PEAK_RSS_MIB, f"{guarantee}: peak RSS {peak:.0f} MiB"
+        assert {r.key for r in prompts} == {json.loads(v)["request_id"].encode() for v in valid}
+        dead = await read_topic(broker, topics.dlq, until=FLOOD_BATCHES,
+                                committed_only=committed, settle=1)
+        assert len(dead) == FLOOD_BATCHES
+        assert {dict(r.headers)["__connect.errors.exception.class.name"] for r in dead} == {
+            b"RejectedInput.limits"}  # over max_event_bytes, as an event read whole would be
+        await wait_for_commits(broker, topics, await end_offsets(broker, topics.input))
     finally:
         assert worker.stop() == 0, worker.log_tail()
 

@@ -16,11 +16,13 @@ from typing import Any
 import cramjam
 import pytest
 import xxhash
+from aiokafka import TopicPartition
 from aiokafka import codec as aiokafka_codec
 from aiokafka.consumer import fetcher
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.structs import ConsumerRecord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -312,3 +314,63 @@ def test_a_legacy_batch_bomb_is_skipped_too(codec: str) -> None:
     skipped, after = read  # at its wrapper's offset (the last inner one, as a broker writes it)
     assert isinstance(skipped.value, SkippedBatch) and skipped.value.codec == codec
     assert (after.offset, after.value) == (2, b"valid")
+
+
+def test_the_read_ahead_counts_a_record_until_it_is_freed() -> None:
+    read_ahead = batches.ReadAhead(100)
+    first = ConsumerRecord("t", 0, 0, 0, 0, b"k", b"v" * 59, None, 1, 59, [("h", b"x")])
+    second = ConsumerRecord("t", 0, 1, 0, 0, None, b"w" * 40, None, -1, 40, [])
+    read_ahead.track(first, batches.record_bytes(first))  # 1 + 59 + 2
+    read_ahead.track(second, batches.record_bytes(second))
+    assert (read_ahead.held, read_ahead.full) == (102, True)
+    del first
+    assert (read_ahead.held, read_ahead.full) == (40, False)
+    del second
+    assert read_ahead.held == 0
+
+
+def test_a_fetch_call_hands_out_records_up_to_the_bound_and_the_rest_later() -> None:
+    """Through aiokafka's consumer and fetcher, as a fetch of batches each under the bound
+    but together far over it would be read: a call stops at the bound."""
+    guard(LIMIT)
+    data = b"".join(compressed_batch("zstd", [b" " * (LIMIT // 3)], base_offset=n)
+                    for n in range(9))
+    calls = _drain(data)
+    assert [offset for call in calls for offset in call] == list(range(9))
+    assert max(len(call) for call in calls) == 3  # a third of the bound each: three a call
+    assert batches.read_ahead.held == 0  # all freed once read
+
+
+class _Position:
+    """aiokafka's view of an assigned partition, as a FetchResult asks it: active, not
+    paused, at the position each call leaves it."""
+
+    active, paused, position = True, False, 0
+
+    def state_value(self, _: TopicPartition) -> _Position:
+        return self
+
+    def consumed_to(self, offset: int) -> None:
+        self.position = offset
+
+
+def _drain(data: bytes) -> list[list[int]]:
+    """The offsets each call hands out of `data`, one fetch of partition t/0 from offset 0."""
+    tp = TopicPartition("t", 0)
+    records = fetcher.PartitionRecords(tp, fetcher.MemoryRecords(data), [], 0, None, None,
+                                       False, fetcher.READ_UNCOMMITTED)
+    result = fetcher.FetchResult(tp, assignment=_Position(), partition_records=records,
+                                 backoff=0)
+    del records
+    calls = []
+    while result.has_more():
+        handed = result.getall(max_records=100)
+        calls.append([record.offset for record in handed])
+        del handed
+    return calls
+
+
+def test_a_rejection_keeps_no_frame_that_holds_its_event() -> None:
+    """Its traceback's frames held the event's bytes in a cycle through the outcome."""
+    outcome = handle(b"x" * 100, Origin("in", 0, 0, None, (), None), CONTEXT)
+    assert outcome.rejected is not None and outcome.rejected.__traceback__ is None

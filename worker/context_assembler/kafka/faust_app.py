@@ -337,7 +337,9 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         of other partitions fetched in the same call are lost with the error, and faust,
         seeing later offsets, would take them for a gap and commit past them."""
         runner: EventRunner = self.app.runner  # type: ignore[attr-defined]  # on _App only
-        if read_ahead.full:  # the records read and alive hold the bound: let them go first
+        if read_ahead.full and self.app.delivery.in_flight:  # type: ignore[attr-defined]
+            # The records read and alive hold the bound: those in flight go first. With
+            # none in flight, what holds them is done with them (the last event read, say).
             await asyncio.sleep(READ_AHEAD_WAIT_SECONDS)
             return {}
         if runner.undecodable is None:
