@@ -41,10 +41,11 @@ MIN_MESSAGE_BYTES = 16_384
 # aiokafka compresses and decodes snappy, lz4 and zstd with cramjam, its codec extras.
 CODEC_PACKAGE = "cramjam"
 INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
-# Most bytes one compressed record batch of input may decompress to (kafka.batches): eight
-# times max_event_bytes' default, far above what producers batch by default (librdkafka
-# 1 MB, the Java client 16 KB compressed), and twice it (the batch, then its records copied
-# out) stays well under the deployments' 512 MiB limit beside the worker's ~250 MB.
+# Most bytes one compressed record batch of input may decompress to, and the most bytes of
+# records read ahead (kafka.batches): eight times max_event_bytes' default, far above what
+# producers batch by default (librdkafka 1 MB, the Java client 16 KB compressed); three
+# times it (a batch being decoded, the read-ahead, a fetch call's last record) stays well
+# under the deployments' 512 MiB limit beside the worker's ~100 MiB.
 DEFAULT_MAX_BATCH_BYTES = 32 * 1024 * 1024
 # The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off):
 # exactly_once, 50 ms: against back-to-back rounds, a sixth less CPU at 100 events/s for 27 ms
@@ -142,7 +143,8 @@ class Settings(BaseSettings):
         default=DEFAULT_MAX_BATCH_BYTES, ge=1024 * 1024,
         description="Most bytes a compressed record batch read from Kafka may decompress to, "
         "at least max_event_bytes; a batch that would decompress to more is skipped unread "
-        "and dead-lettered (limits). Bounds the memory a small compressed batch can cost.")
+        "and dead-lettered (limits). Also the most bytes of records read ahead: the worker "
+        "fetches no more while those it holds reach it.")
     max_chunks: Annotated[int, Flag("--max-chunks")] = _limit(
         "max_chunks", "Most chunks one event may carry.")
     max_chunk_chars: Annotated[int, Flag("--max-chunk-chars")] = _limit(

@@ -20,6 +20,12 @@ A batch that would decompress beyond the bound reaches the consumer as one recor
 batch's last offset, whose value is a `SkippedBatch` (so offsets after it are read and
 committed as usual): the worker and replay dead-letter it with reason `limits`, the other
 readers report it as they report records they skip.
+
+Batches each under the bound still add up: the worker reads ahead of the engine, and forty
+batches of a 30 MiB record each (a kilobyte apiece on the broker) were held at once. So the
+records aiokafka hands out are counted until they are freed (`ReadAhead`), a fetch call
+hands out at most the bound's worth (`BoundedFetchResult`), and the worker fetches no more
+while events are in flight and the records alive hold the bound.
 """
 
 from __future__ import annotations
