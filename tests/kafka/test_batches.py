@@ -8,11 +8,14 @@ header that lies about the content size changes neither.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import tracemalloc
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import aiokafka
 import cramjam
 import pytest
 import xxhash
@@ -374,3 +377,19 @@ def test_a_rejection_keeps_no_frame_that_holds_its_event() -> None:
     """Its traceback's frames held the event's bytes in a cycle through the outcome."""
     outcome = handle(b"x" * 100, Origin("in", 0, 0, None, (), None), CONTEXT)
     assert outcome.rejected is not None and outcome.rejected.__traceback__ is None
+
+
+def test_what_the_guard_relies_on_is_still_in_aiokafka() -> None:
+    """The aiokafka internals `guard` replaces or calls, as pinned in constraints.txt."""
+    pinned = (Path(__file__).parents[2] / "constraints.txt").read_text().splitlines()
+    assert f"aiokafka=={aiokafka.__version__}" in pinned
+    assert "aiokafka 0.14" in inspect.getsource(batches)
+    for name in ("MemoryRecords", "FetchResult", "PartitionRecords"):
+        assert hasattr(fetcher, name), name
+    for name in ("getall", "check_assignment", "has_more", "_update_position"):
+        assert hasattr(fetcher.FetchResult, name), name
+    assert list(inspect.signature(fetcher.FetchResult.getall).parameters) == [
+        "self", "max_records"]
+    for name in batches.RECORD_MODULES[2:]:  # the pure-Python ones, always there
+        module = importlib.import_module(name)
+        assert hasattr(module, "gzip_decode") and hasattr(module, "lz4_decode"), name

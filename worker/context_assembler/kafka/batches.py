@@ -317,8 +317,10 @@ _installed: int | None = None
 
 
 def guard(max_batch_bytes: int | None = None) -> None:
-    """Bound every batch aiokafka decompresses in this process to `max_batch_bytes` (None:
-    as installed already, else the default). Idempotent; a later call sets a new bound."""
+    """Bound every batch aiokafka decompresses in this process, and the bytes a fetch call
+    hands out, to `max_batch_bytes` (None: as installed already, else the default).
+    Idempotent; a later call sets a new bound. aiokafka 0.14's internals this replaces are
+    checked to exist by tests/kafka/test_batches.py."""
     global _installed
     limit = max_batch_bytes or _installed or DEFAULT_MAX_BATCH_BYTES
     if limit == _installed:
