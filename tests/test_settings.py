@@ -63,7 +63,8 @@ READS_EVENTS = ["assemble", "explain", "sweep", "worker", "replay", "serve"]
 # A value other than the default for each setting a flag sets; numbers and names otherwise.
 SAMPLES = {"max_message_bytes": "20000", "session_timeout_seconds": "30",
            "processing_guarantee": "exactly_once", "compression_type": "gzip",
-           "log_level": "DEBUG", "allowed_policies": "estimated", "commit_interval_ms": "250"}
+           "log_level": "DEBUG", "allowed_policies": "estimated", "commit_interval_ms": "250",
+           "max_batch_bytes": "8388608"}
 
 
 def sample(name: str) -> str:
@@ -364,6 +365,7 @@ def test_a_limit_beyond_32_bits_exits_2(
     assert capsys.readouterr().err.startswith(
         f"context-assembler: invalid settings: {variable} ")
     monkeypatch.setenv(variable, str(2**31 - 1))
+    monkeypatch.setenv("ASSEMBLER_MAX_BATCH_BYTES", str(2**31 - 1))  # at least max_event_bytes
     assert main(["assemble", str(events), "--out", os.devnull]) == 0
 
 

@@ -122,6 +122,7 @@ FAUST_INTERNALS = [
     (faust_aiokafka.Consumer, "maybe_wait_for_commit_to_finish"),
     (faust_aiokafka.Consumer, "wait_first"),
     (faust_aiokafka.Consumer, "on_buffer_full"),
+    (faust_aiokafka.Consumer, "_to_message"),
     (faust_aiokafka.Consumer, "_set_active_tps"),
     (faust_aiokafka.Consumer, "_get_active_partitions"),
     (faust_aiokafka.AIOKafkaConsumerThread, "on_thread_stop"),

@@ -18,6 +18,7 @@ from context_assembler.intake.recorded import record_bytes
 from context_assembler.kafka import policies as module
 from context_assembler.kafka.connection import KafkaSecurity
 from context_assembler.kafka.policies import publish_at_start, read_policies
+from context_assembler.kafka.records import SkippedBatch
 from context_assembler.kafka.topics import missing_topic
 from context_assembler.settings import Settings
 from tests.kafka.replay.fakes import FakeReader, Topics
@@ -73,3 +74,19 @@ def test_the_topic_is_read_whole_compaction_gaps_and_all() -> None:
         topics.append("pol", 0, record_bytes(policy), key=policy.hash.encode())
     recorded = asyncio.run(read_policies(FakeReader(topics), "pol"))
     assert [recorded.policy(p.hash) for p in POLICIES] == POLICIES
+
+
+def test_a_record_batch_skipped_unread_is_logged_and_the_records_after_it_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topics = Topics()
+    topics.append("pol", 0, SkippedBatch(first_offset=0, last_offset=0, codec="zstd",
+                                         compressed_bytes=9000, limit=1 << 25, declared=None))
+    for policy in POLICIES:
+        topics.append("pol", 0, record_bytes(policy), key=policy.hash.encode())
+    with caplog.at_level(logging.WARNING, logger=module.__name__):
+        recorded = asyncio.run(read_policies(FakeReader(topics), "pol"))
+    assert [recorded.policy(p.hash) for p in POLICIES] == POLICIES
+    assert len(recorded) == len(POLICIES)
+    (line,) = caplog.messages
+    assert line.startswith("pol/0: record batch at offset 0 (zstd, 9000 bytes compressed)")

@@ -22,6 +22,7 @@ from context_assembler.kafka.records import (
     TRUNCATED,
     HandlerContext,
     Origin,
+    SkippedBatch,
     cut,
     dead_letter,
     handle,
@@ -146,6 +147,18 @@ def test_a_dead_letter_cut_to_fit_is_skipped(topics: Topics) -> None:
     sent = Producer.made[0].sent
     assert len(sent) == len(NAMING) + 1 and letter.value not in {v for _, v, _, _ in sent}
     assert not any(k.startswith(ERR) for _, _, _, h in sent for k, _ in h)
+
+
+def test_a_record_batch_skipped_unread_is_reported_and_never_sent(topics: Topics) -> None:
+    skipped = SkippedBatch(first_offset=3, last_offset=3, codec="lz4", compressed_bytes=1_100_000,
+                           limit=1 << 25, declared=None)
+    offset = topics.append("d", 0, skipped)
+    report = asyncio.run(redrive(request(send=True)))
+    assert [str(x.origin) for x in report.unread] == [f"d/0/{offset}"]
+    assert len(Producer.made[0].sent) == len(NAMING) + 1  # the others are re-driven
+    lines = report.render("in", 3)
+    assert "skipped: not read, its record batch is too large decompressed: 1" in lines
+    assert f"    d/0/{offset}    {skipped.message}" in lines
 
 
 def test_an_unreadable_count_is_taken_as_at_the_maximum() -> None:

@@ -10,7 +10,7 @@ from aiokafka import TopicPartition
 from context_assembler.intake.policies import build_registry
 from context_assembler.kafka import tail as module
 from context_assembler.kafka.produce import key_of
-from context_assembler.kafka.records import HandlerContext, Origin, handle
+from context_assembler.kafka.records import HandlerContext, Origin, SkippedBatch, handle
 from context_assembler.kafka.tail import answered_input, render, tail, wait_for_answers
 from context_assembler.settings import Settings
 from tests.kafka.replay.fakes import FakeReader, Topics, record
@@ -65,6 +65,15 @@ def test_a_record_that_is_not_what_its_topic_holds_is_shown_as_such() -> None:
     line = render("prompts", hostile)
     assert line.startswith("not a prompts record: ") and "\x1b" not in line
     assert answered_input(Origin.from_record(hostile).headers) is None
+
+
+def test_a_record_batch_skipped_unread_is_shown_as_such() -> None:
+    skipped = SkippedBatch(first_offset=7, last_offset=9, codec="gzip", compressed_bytes=500_000,
+                           limit=1 << 25, declared=None)
+    for kind in ("prompts", "audit", "dlq"):
+        assert render(kind, record("p", 0, 9, skipped)) == (
+            "not read: record batch at offsets 7-9 (gzip, 500000 bytes compressed) "
+            "decompresses to more, over max_batch_bytes=33554432: skipped unread")
 
 
 def test_produce_wait_counts_each_sent_events_answer_once() -> None:

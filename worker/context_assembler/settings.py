@@ -50,6 +50,12 @@ INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
 # Amazon MSK's IAM login: AWS's signer, the msk-iam extra (it pulls in boto3).
 MSK_IAM_PACKAGE = "aws_msk_iam_sasl_signer"
 MSK_IAM_INSTALL = "pip install 'context-assembler[msk-iam]'"
+# Most bytes one compressed record batch of input may decompress to, and the most bytes of
+# records read ahead (kafka.batches): eight times max_event_bytes' default, far above what
+# producers batch by default (librdkafka 1 MB, the Java client 16 KB compressed); three
+# times it (a batch being decoded, the read-ahead, a fetch call's last record) stays well
+# under the deployments' 512 MiB limit beside the worker's ~100 MiB.
+DEFAULT_MAX_BATCH_BYTES = 32 * 1024 * 1024
 # The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off):
 # exactly_once, 50 ms: against back-to-back rounds, a sixth less CPU at 100 events/s for 27 ms
 # more latency, and no more latency at 150 events/s, where a round takes longer anyway (against
@@ -220,6 +226,12 @@ class Settings(BaseSettings):
     )
     max_event_bytes: Annotated[int, Flag("--max-event-bytes")] = _limit(
         "max_event_bytes", "Largest event accepted, in bytes; a larger one is rejected unread.")
+    max_batch_bytes: Annotated[int, Flag("--max-batch-bytes")] = Field(
+        default=DEFAULT_MAX_BATCH_BYTES, ge=1024 * 1024,
+        description="Most bytes a compressed record batch read from Kafka may decompress to, "
+        "at least max_event_bytes; a batch that would decompress to more is skipped unread "
+        "and dead-lettered (limits). Also the most bytes of records read ahead: the worker "
+        "fetches no more while those it holds reach it.")
     max_chunks: Annotated[int, Flag("--max-chunks")] = _limit(
         "max_chunks", "Most chunks one event may carry.")
     max_chunk_chars: Annotated[int, Flag("--max-chunk-chars")] = _limit(
@@ -482,6 +494,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _batch_holds_an_event(self) -> Settings:
+        if self.max_batch_bytes < self.max_event_bytes:
+            raise ValueError(f"ASSEMBLER_MAX_BATCH_BYTES={self.max_batch_bytes} is below "
+                             f"ASSEMBLER_MAX_EVENT_BYTES={self.max_event_bytes}: a batch of "
+                             "one event of the largest size accepted would be skipped")
+        return self
+
+    @model_validator(mode="after")
     def _distinct_topics(self) -> Settings:
         topics = [self.input_topic, self.prompts_topic, self.audit_topic, self.dlq_topic,
                   self.policies_topic]
@@ -588,7 +608,7 @@ _SECURITY = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_passw
              "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", "ssl_check_hostname")
 _REGISTRY = ("schema_registry_url", "schema_registry_user", "schema_registry_password_file",
              "schema_registry_ca_file", "schema_registry_subject_strategy")
-_KAFKA = ("bootstrap_servers", *_SECURITY)
+_KAFKA = ("bootstrap_servers", *_SECURITY, "max_batch_bytes")
 _TOPICS = ("input_topic", "prompts_topic", "audit_topic", "dlq_topic", "policies_topic")
 _CACHES = ("cache_facts_bytes", "cache_words_bytes", "cache_tokens_bytes",
            "cache_sentences_bytes")

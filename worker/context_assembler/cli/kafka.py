@@ -76,10 +76,14 @@ def cmd_acls(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def quiet_kafka_client() -> None:
+def quiet_kafka_client(settings: Settings) -> None:
     """aiokafka logs each failed connection and each metadata retry for a missing topic;
-    these commands check the broker and the topics themselves and report once."""
+    these commands check the broker and the topics themselves and report once. What they
+    read is decompressed within max_batch_bytes."""
+    from context_assembler.kafka.batches import guard
+
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    guard(settings.max_batch_bytes)
 
 
 DEFAULT_PARTITIONS = 6
@@ -118,7 +122,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     from context_assembler.kafka.connection import kafka_security
     from context_assembler.kafka.topics import create_topics, worker_topics
 
-    quiet_kafka_client()
+    quiet_kafka_client(settings)
     specs = worker_topics(settings, *topic_sizes(args))
     reports = asyncio.run(create_topics(settings.bootstrap_servers, specs,
                                         kafka_security(settings)))
@@ -173,7 +177,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     from context_assembler.kafka.reader import TopicReader
     from context_assembler.kafka.tail import output_ends, wait_for_answers
 
-    quiet_kafka_client()
+    quiet_kafka_client(settings)
     servers, topic = settings.bootstrap_servers, settings.input_topic
     compression, security = settings.producer_compression, kafka_security(settings)
 
@@ -243,7 +247,7 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.lines < 0:
         raise UsageError("-n takes a count of records, 0 or more")
-    quiet_kafka_client()
+    quiet_kafka_client(settings)
     topic = args.topic or {"prompts": settings.prompts_topic, "audit": settings.audit_topic,
                            "dlq": settings.dlq_topic}[args.output]
 
@@ -316,7 +320,7 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
     recorded = args.replay_policy == "recorded"
     if args.policies and not recorded:
         raise UsageError("--policies goes with --policy recorded")
-    quiet_kafka_client()
+    quiet_kafka_client(settings)
     return ReplayRequest(
         bootstrap_servers=settings.bootstrap_servers,
         input_topic=settings.input_topic,
@@ -382,7 +386,7 @@ def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedP
 def cmd_policy_diff(args: argparse.Namespace, settings: Settings) -> int:
     """policy --diff HASH_A HASH_B, from the policies topic."""
 
-    quiet_kafka_client()
+    quiet_kafka_client(settings)
     return policy_diff(recorded_policies(args, settings), args.diff)
 
 
@@ -400,7 +404,7 @@ def cmd_redrive(args: argparse.Namespace, settings: Settings) -> int:
     span = topic_range(args)
     if args.yes and args.dry_run:
         raise UsageError("give --yes or --dry-run, not both")
-    quiet_kafka_client()
+    quiet_kafka_client(settings)
     request = RedriveRequest(
         bootstrap_servers=settings.bootstrap_servers,
         dlq_topic=settings.dlq_topic,
@@ -452,7 +456,7 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.request_id is None:
         raise UsageError("explain --kafka needs a REQUEST_ID")
-    quiet_kafka_client()
+    quiet_kafka_client(settings)
     registry = build_registry(settings.policy_file, settings.allowed_policies)
     raw, audit_bytes, origin = asyncio.run(find_recorded(  # or NotRecorded
         settings.bootstrap_servers,

@@ -236,12 +236,14 @@ class Delivery(Generic[T]):
         self._runtime = runtime
         self._ledger: InOrder[T] = InOrder()
         self._room = asyncio.Semaphore(max_in_flight)
+        self.in_flight = 0  # events read past `room` and not yet acknowledged or forgotten
         self._rounds: CommitRounds[object] = CommitRounds(runtime.commit, commit_interval)
         self._deliveries: dict[asyncio.Task[None], set[Partition]] = {}  # running
 
     async def room(self) -> None:
         """Wait until one more event may be read: fewer than max_in_flight are in flight."""
         await self._room.acquire()
+        self.in_flight += 1
 
     def read(self, events: Sequence[tuple[Origin, T]]) -> list[Entry[T]]:
         """Track the events read, in order, each after its `room`; they are in flight until
@@ -278,6 +280,7 @@ class Delivery(Generic[T]):
         self._runtime.acknowledge([entry.token for entry in entries])
         for _ in entries:
             self._room.release()
+            self.in_flight -= 1
         if not self.runner.stopping.is_set():  # then the last commit is `stop`'s
             self._rounds.request()
 
@@ -292,6 +295,7 @@ class Delivery(Generic[T]):
         delivered = self._ledger.revoke(revoked)
         for _ in range(before - self._ledger.in_flight - len(delivered)):
             self._room.release()  # undelivered, forgotten: no longer in flight here
+            self.in_flight -= 1
         self._acknowledge(delivered)
         await self._runtime.commit()
 

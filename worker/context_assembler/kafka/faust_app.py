@@ -48,6 +48,7 @@ from faust.types.transports import TransportT
 from mode.services import WaitResults
 
 from context_assembler.collector import collect_less
+from context_assembler.kafka.batches import read_ahead, record_bytes
 from context_assembler.kafka.connection import kafka_security
 from context_assembler.kafka.delivery import Delivery, next_batch
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
@@ -68,6 +69,8 @@ T = TypeVar("T")
 SERVICE_LOG = logging.getLogger("faust.services")
 
 MAX_IN_FLIGHT = 200
+# How long the consumer thread waits before it asks again while the read-ahead is full.
+READ_AHEAD_WAIT_SECONDS = 0.005
 # Events faust reads ahead of the agent, at most: a message handed over to a full stream
 # waits for room (`_Consumer.on_buffer_full`). faust's default, 4,096, fetched a 3,000-event
 # backlog of 53 KB events whole, 160 MB, before the first was assembled. Eight engine batches.
@@ -268,6 +271,14 @@ class _Consumer(faust_aiokafka.Consumer):
                                   self.app.conf.broker_session_timeout)
         await super().on_partitions_revoked(revoked)
 
+    # faust-streaming 0.15.3 makes each message it hands to the streams here.
+    def _to_message(self, tp: TP, record: Any) -> Any:
+        """faust's message of `record`, its bytes counted in the read-ahead until it is
+        freed (kafka.batches.ReadAhead): faust copies the record's fields and drops it."""
+        message = super()._to_message(tp, record)
+        read_ahead.track(message, record_bytes(record))
+        return message
+
     # faust-streaming 0.15.3 stops fetching a partition whose stream is 4/5 full, until it
     # drains to 2/5; with every partition stopped, its fetcher sleeps a whole second.
     def on_buffer_full(self, tp: TP) -> None:
@@ -334,6 +345,11 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         of other partitions fetched in the same call are lost with the error, and faust,
         seeing later offsets, would take them for a gap and commit past them."""
         runner: EventRunner = self.app.runner  # type: ignore[attr-defined]  # on _App only
+        if read_ahead.full and self.app.delivery.in_flight:  # type: ignore[attr-defined]
+            # The records read and alive hold the bound: those in flight go first. With
+            # none in flight, what holds them is done with them (the last event read, say).
+            await asyncio.sleep(READ_AHEAD_WAIT_SECONDS)
+            return {}
         if runner.undecodable is None:
             try:
                 return await super()._fetch_records(consumer, active_partitions, timeout,

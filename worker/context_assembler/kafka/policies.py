@@ -23,6 +23,7 @@ from context_assembler.intake.recorded import RecordedPolicies, record_bytes
 from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity, kafka_security
 from context_assembler.kafka.produce import check_topic
 from context_assembler.kafka.reader import TopicReader
+from context_assembler.kafka.records import SkippedBatch
 from context_assembler.kafka.topics import TopicError
 from context_assembler.settings import Settings
 
@@ -99,6 +100,9 @@ async def read_policies(reader: TopicReader, topic: str) -> RecordedPolicies:
     recorded = RecordedPolicies(f"topic {topic}")
     spans = await reader.spans(topic)
     async for record in reader.read(topic, spans, compacted=True):
+        if isinstance(record.value, SkippedBatch):  # the policies it held are not recorded
+            log.warning("%s/%d: %s", topic, record.partition, record.value.message)
+            continue
         recorded.add(record.key or b"", None if record.value is None else unframed(record.value))
     return recorded
 

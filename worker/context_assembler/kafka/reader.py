@@ -15,6 +15,7 @@ from aiokafka.errors import UnsupportedCodecError
 from aiokafka.structs import ConsumerRecord
 
 from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.kafka.batches import guard
 from context_assembler.kafka.codecs import Undecodable, undecodable
 from context_assembler.kafka.connection import PLAINTEXT, REFUSED_CONNECTION, KafkaSecurity
 from context_assembler.kafka.topics import refused
@@ -90,6 +91,7 @@ def describe_range(
 
 class TopicReader:
     def __init__(self, bootstrap_servers: str, security: KafkaSecurity = PLAINTEXT) -> None:
+        guard()  # the bound the command set, else the default: never a batch decoded whole
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_servers,
             group_id=None,  # no group: nothing to join, nothing committed

@@ -105,8 +105,35 @@ class Origin:
 
 
 def value_of(record: ConsumedRecord) -> bytes:
-    """A consumed record's value; a tombstone's (None) is empty."""
-    return record.value or b""
+    """A consumed record's value (a `SkippedBatch` as it is); a tombstone's (None) is empty."""
+    return b"" if record.value is None else record.value
+
+
+class SkippedBatch(bytes):
+    """The value of the one record a consumer reads of a compressed record batch that would
+    decompress beyond max_batch_bytes (kafka.batches): empty, never off the wire (a value
+    read is plain bytes), naming the batch's offsets and why it was skipped unread."""
+
+    def __new__(cls, **_: object) -> SkippedBatch:
+        return super().__new__(cls, b"")
+
+    def __init__(self, *, first_offset: int, last_offset: int, codec: str,
+                 compressed_bytes: int, limit: int, declared: int | None) -> None:
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+        self.codec = codec
+        self.compressed_bytes = compressed_bytes
+        self.limit = limit
+        self.declared = declared
+
+    @property
+    def message(self) -> str:
+        offsets = (f"offset {self.last_offset}" if self.first_offset == self.last_offset
+                   else f"offsets {self.first_offset}-{self.last_offset}")
+        over = (f"declares {self.declared} bytes" if self.declared is not None
+                else "decompresses to more")
+        return (f"record batch at {offsets} ({self.codec}, {self.compressed_bytes} bytes "
+                f"compressed) {over}, over max_batch_bytes={self.limit}: skipped unread")
 
 
 def _headers(headers: RecordHeaders | None) -> Headers:
@@ -318,11 +345,16 @@ def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
     """Never raises for bad input: a dead letter is an outcome like any other. A framed
     event is assembled from its JSON, checked against its schema first; the outputs are
     framed with their own ids when the context has them."""
+    if isinstance(raw, SkippedBatch):
+        rejected = RejectedInput(RejectReason.LIMITS, raw.message)
+        return fit(Outcome((), None, rejected), b"", origin, context)
     try:
         payload, check = _unframed(raw, context)
         assembly = assemble_bytes(payload, context.registry, context.limits, check)
     except RejectedInput as rejected:
-        return fit(Outcome((), None, rejected), raw, origin, context)
+        # Without its traceback: its frames hold `raw` and, through their callers, the
+        # outcomes that hold it back, a cycle only the garbage collector would free.
+        return fit(Outcome((), None, rejected.with_traceback(None)), raw, origin, context)
     headers: Headers = (
         (SOURCE_TOPIC, origin.topic.encode()),
         (SOURCE_PARTITION, str(origin.partition).encode()),

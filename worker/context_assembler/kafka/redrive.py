@@ -25,7 +25,15 @@ from aiokafka.structs import RecordMetadata
 from context_assembler.kafka.connection import PLAINTEXT, KafkaSecurity
 from context_assembler.kafka.produce import check_topic
 from context_assembler.kafka.reader import TopicReader
-from context_assembler.kafka.records import ERR, TRUNCATED, Headers, Origin, header, value_of
+from context_assembler.kafka.records import (
+    ERR,
+    TRUNCATED,
+    Headers,
+    Origin,
+    SkippedBatch,
+    header,
+    value_of,
+)
 from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 REDRIVES = "context-assembler.redrive.count"
@@ -76,6 +84,7 @@ class RedriveReport:
     sent: bool
     next_start: dict[int, int]  # partition -> the offset after the last dead letter read
     resent: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) on input
+    unread: list[Letter] = field(default_factory=list)  # batches over max_batch_bytes
 
     def render(self, topic: str, max_redrives: int) -> list[str]:
         lines = []
@@ -86,6 +95,7 @@ class RedriveReport:
         for letters, why in (
             (self.at_maximum, f"skipped: re-driven {max_redrives} times already"),
             (self.truncated, "skipped: cut to fit the DLQ, the original value is not stored"),
+            (self.unread, "skipped: not read, its record batch is too large decompressed"),
         ):
             if letters:
                 lines.append(f"{why}: {len(letters)}")
@@ -133,7 +143,9 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
             letter = letter_of(Origin.from_record(record))
             report.next_start[record.partition] = record.offset + 1
             read += 1
-            if header(letter.origin.headers, TRUNCATED) is not None:
+            if isinstance(record.value, SkippedBatch):
+                report.unread.append(Letter(letter.origin, record.value.message, 0))
+            elif header(letter.origin.headers, TRUNCATED) is not None:
                 report.truncated.append(letter)
             elif letter.redrives >= request.max_redrives:
                 report.at_maximum.append(letter)

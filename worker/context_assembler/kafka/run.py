@@ -12,6 +12,7 @@ from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policies import PolicyRegistry, load_policy, warm_tokenizers
 from context_assembler.intake.recorded import registry_policies
+from context_assembler.kafka.batches import guard
 from context_assembler.kafka.connection import kafka_security, start_up_problem
 from context_assembler.kafka.policies import Recording, publish_at_start
 from context_assembler.kafka.records import Handler, handle
@@ -47,6 +48,7 @@ def run_worker(settings: Settings, handler: Handler = handle) -> int:
     if problem:
         log.error("cannot start: %s", problem)
         return 2
+    guard(settings.max_batch_bytes)
     try:
         schemas = SchemaRegistry(settings) if settings.schema_registry_url else None
     except SettingsError as error:

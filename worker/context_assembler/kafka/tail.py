@@ -28,6 +28,7 @@ from context_assembler.kafka.records import (
     SOURCE_TOPIC,
     Headers,
     Origin,
+    SkippedBatch,
     header,
     value_of,
 )
@@ -81,7 +82,9 @@ def render(kind: str, record: ConsumerRecord) -> str:
     origin = Origin.from_record(record)
     value = value_of(record)
     try:
-        if kind == "prompts":
+        if isinstance(value, SkippedBatch):
+            line = f"not read: {value.message}"
+        elif kind == "prompts":
             line = _prompt_line(unframed(value))
         elif kind == "audit":
             line = _audit_line(unframed(value))

@@ -66,6 +66,7 @@ from aiokafka.errors import (
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from context_assembler.collector import collect_less
+from context_assembler.kafka.batches import read_ahead
 from context_assembler.kafka.connection import acl_hint, kafka_security
 from context_assembler.kafka.delivery import CommitRounds, batches, hand_over
 from context_assembler.kafka.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
@@ -190,7 +191,8 @@ class TransactionalWorker:
             collect_less()  # the clients are up: freeze what start-up made
             while not self.runner.stopping.is_set():
                 self._reap()
-                while sum(self._batches.values()) >= MAX_EVENTS_IN_FLIGHT:
+                while self._batches and (sum(self._batches.values()) >= MAX_EVENTS_IN_FLIGHT
+                                         or read_ahead.full):
                     await self._one_finished()
                 try:
                     batch = await consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
