@@ -512,6 +512,7 @@ class FocusPacking:
     question: str
     count: Callable[[str], int]
     count_parts: Callable[[Sequence[str]], int]  # the exact count of the parts joined
+    remember: Callable[[str, int], None]  # hold a count worked out from parts (`count`'s cache)
     tokenizer: str  # the name of what `count` counts with: analyses are kept per tokenizer
     header: Callable[[Candidate], str]  # the passage as rendered before its text
     cost: Callable[[Candidate, str], int]
@@ -600,7 +601,9 @@ def _rendered(passage: _Passage, packing: FocusPacking) -> Focused:
         return Focused(candidate, text, packing.cost(candidate, text), True)
     header = packing.header(candidate)
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
-        parts = [header[:-1], f" {pieces[0]}", *pieces[1:]]
-    else:
-        parts = [header, *pieces]
-    return Focused(candidate, text, packing.count_parts(parts), True)
+        # The extract after its blank, counted once from its cached pieces and remembered:
+        # the render counts the passage under its final label from it.
+        spaced = f" {text}"
+        packing.remember(spaced, packing.count_parts([f" {pieces[0]}", *pieces[1:]]))
+        return Focused(candidate, text, packing.count_parts([header[:-1], spaced]), True)
+    return Focused(candidate, text, packing.count_parts([header, *pieces]), True)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NewType, Protocol
 
 from context_assembler.engine import caches, vocabulary
-from context_assembler.engine.cache import BoundedCache
+from context_assembler.engine.cache import BoundedCache, text_key
 from context_assembler.engine.errors import VocabularyUnavailable
 from context_assembler.engine.specials import SpecialTokens
 
@@ -57,6 +57,11 @@ class TokenCounter(Protocol):
         """The exact count of `"".join(parts)`."""
         ...
 
+    def remember(self, text: str, tokens: int) -> None:
+        """Hold `tokens` as the count of `text`, worked out exactly from its parts, so
+        that counting `text` later is a cache hit."""
+        ...
+
 
 class CharsPerFour:
     """Seed 000's estimate: ceil(characters / 4)."""
@@ -69,6 +74,9 @@ class CharsPerFour:
     def count_parts(self, parts: Sequence[str]) -> int:
         return math.ceil(sum(map(len, parts)) / 4)
 
+    def remember(self, text: str, tokens: int) -> None:
+        """Nothing to hold: counting is arithmetic."""
+
 
 class WordsTimesOnePointThree:
     """Seed 003's estimate: whitespace words x 1.3, rounded up (integer arithmetic)."""
@@ -80,6 +88,9 @@ class WordsTimesOnePointThree:
 
     def count_parts(self, parts: Sequence[str]) -> int:
         return self.count("".join(parts))
+
+    def remember(self, text: str, tokens: int) -> None:
+        """Nothing to hold: counting is arithmetic."""
 
 
 class TiktokenCounter:
@@ -125,6 +136,9 @@ class TiktokenCounter:
                 pending = pending[cut:]
             pending += part
         return total + self.count(pending)
+
+    def remember(self, text: str, tokens: int) -> None:
+        self.cache.put(text_key(text), tokens)
 
 
 _NONE: Final[frozenset[str]] = frozenset()  # no special tokens: their text counts as text
@@ -195,6 +209,9 @@ class HuggingFaceCounter:
         no one cut rule covers (byte-level regexes, a Metaspace prefix on the first word
         only, normalizers), so a sum of parts could miss a merge across a seam."""
         return self.count("".join(parts))
+
+    def remember(self, text: str, tokens: int) -> None:
+        self.cache.put(text_key(text), tokens)
 
 
 _lock = threading.Lock()
