@@ -91,7 +91,7 @@ def _focus(evented: RetrievalResult, budget: int) -> tuple[list[Any], list[Any]]
         return COUNTER.count(f"[S9] (-) {text}")
 
     packing = FocusPacking(budget=budget, question=evented.question, count=COUNTER.count,
-                           count_parts=COUNTER.count_parts, remember=COUNTER.remember,
+                           count_known=COUNTER.count_known, remember=COUNTER.remember,
                            tokenizer=COUNTER.name,
                            header=lambda _: "[S9] (-) ", cost=cost, separator_tokens=1, max_chunks=None)
     return focus(candidates, packing, CopyDetector(DedupPolicy()))

@@ -157,7 +157,7 @@ def _focus(
         budget=assembling.plan.passages,
         question=assembling.event.question,
         count=assembling.counter.count,
-        count_parts=assembling.counter.count_parts,
+        count_known=assembling.counter.count_known,
         remember=assembling.counter.remember,
         tokenizer=assembling.counter.name,
         header=lambda candidate: assembling.passage_costs.rendered(candidate, ""),

@@ -336,26 +336,32 @@ class Focused:
     compressed: bool
 
 
-def extract(passage: _Passage) -> list[str]:
+def extract(passage: _Passage, elision: int) -> tuple[list[str], list[int | None]]:
     """The chosen segments in order, "…" where any were left out, in pieces (joined, the
-    extract); the whole text, one piece, if none was left out. Each piece but the first
-    starts with the blank that joins it, as its count was cached (`analyse`), so that
-    counting the pieces joined adds cached counts (`count_parts`)."""
+    extract), each with its count where it is known (None: not); the whole text, one
+    piece, if none was left out. Each piece but the first starts with the blank that joins
+    it, as its count was cached (`analyse`), so that the pieces' counts add up
+    (`count_known`). `elision`: the count of " …"."""
     if passage.taken == len(passage.segments):
-        return [passage.candidate.text]
+        return [passage.candidate.text], [None]
     pieces: list[str] = []
+    counts: list[int | None] = []
     previous = -1
     for index, segment in enumerate(passage.segments):
         if not passage.chosen[index]:
             continue
         if index != previous + 1:
             pieces += [f" {ELISION}" if pieces else ELISION, f" {segment.text}"]
+            counts += [elision if counts else None,
+                       passage.tokens[index] if segment.joined == " " else None]
         else:
             pieces.append(segment.joined + segment.text if pieces else segment.text)
+            counts.append(passage.tokens[index])
         previous = index
     if previous != len(passage.segments) - 1:
         pieces.append(f" {ELISION}")
-    return pieces
+        counts.append(elision)
+    return pieces, counts
 
 
 def weights_of_terms(passages: list[_Passage], question: frozenset[str]) -> dict[str, float]:
@@ -511,7 +517,8 @@ class FocusPacking:
     budget: int
     question: str
     count: Callable[[str], int]
-    count_parts: Callable[[Sequence[str]], int]  # the exact count of the parts joined
+    # the exact count of the parts joined, given the counts of some (None: not known)
+    count_known: Callable[[Sequence[str], Sequence[int | None]], int]
     remember: Callable[[str, int], None]  # hold a count worked out from parts (`count`'s cache)
     tokenizer: str  # the name of what `count` counts with: analyses are kept per tokenizer
     header: Callable[[Candidate], str]  # the passage as rendered before its text
@@ -578,7 +585,7 @@ def _exact(taking: _Taking, packing: FocusPacking, dropped: dict[int, Drop]) -> 
     """The taken passages as rendered, recounted exactly; while the estimate fell short of
     the exact count, the last steps are given back (the budget is never exceeded)."""
     while True:
-        kept = [_rendered(p, packing) for p in taking.admitted]
+        kept = [_rendered(p, packing, taking.elision) for p in taking.admitted]
         total = sum(k.tokens for k in kept) + packing.separator_tokens * max(0, len(kept) - 1)
         if total <= packing.budget or not taking.steps:
             return kept
@@ -589,11 +596,11 @@ def _exact(taking: _Taking, packing: FocusPacking, dropped: dict[int, Drop]) -> 
                     del dropped[number]
 
 
-def _rendered(passage: _Passage, packing: FocusPacking) -> Focused:
+def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused:
     """The passage as extracted, with its exact cost: counted from its pieces (whose counts
-    are mostly cached) where rendering leaves its text as it is, else rendered whole."""
+    are mostly known) where rendering leaves its text as it is, else rendered whole."""
     candidate = passage.candidate
-    pieces = extract(passage)
+    pieces, counts = extract(passage, elision)
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
         return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False)
@@ -601,9 +608,13 @@ def _rendered(passage: _Passage, packing: FocusPacking) -> Focused:
         return Focused(candidate, text, packing.cost(candidate, text), True)
     header = packing.header(candidate)
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
-        # The extract after its blank, counted once from its cached pieces and remembered:
-        # the render counts the passage under its final label from it.
+        # The extract after its blank, counted once from its pieces and remembered: the
+        # render counts the passage under its final label from it.
         spaced = f" {text}"
-        packing.remember(spaced, packing.count_parts([f" {pieces[0]}", *pieces[1:]]))
-        return Focused(candidate, text, packing.count_parts([header[:-1], spaced]), True)
-    return Focused(candidate, text, packing.count_parts([header, *pieces]), True)
+        tokens = packing.count_known([f" {pieces[0]}", *pieces[1:]],
+                                     [elision if pieces[0] == ELISION else None, *counts[1:]])
+        packing.remember(spaced, tokens)
+        return Focused(candidate, text, packing.count_known([header[:-1], spaced],
+                                                            [None, tokens]), True)
+    return Focused(candidate, text, packing.count_known([header, *pieces], [None, *counts]),
+                   True)

@@ -57,6 +57,10 @@ class TokenCounter(Protocol):
         """The exact count of `"".join(parts)`."""
         ...
 
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        """`count_parts`, given the counts of some parts (None: not known)."""
+        ...
+
     def remember(self, text: str, tokens: int) -> None:
         """Hold `tokens` as the count of `text`, worked out exactly from its parts, so
         that counting `text` later is a cache hit."""
@@ -74,6 +78,9 @@ class CharsPerFour:
     def count_parts(self, parts: Sequence[str]) -> int:
         return math.ceil(sum(map(len, parts)) / 4)
 
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        return self.count_parts(parts)
+
     def remember(self, text: str, tokens: int) -> None:
         """Nothing to hold: counting is arithmetic."""
 
@@ -88,6 +95,9 @@ class WordsTimesOnePointThree:
 
     def count_parts(self, parts: Sequence[str]) -> int:
         return self.count("".join(parts))
+
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        return self.count_parts(parts)
 
     def remember(self, text: str, tokens: int) -> None:
         """Nothing to hold: counting is arithmetic."""
@@ -136,6 +146,14 @@ class TiktokenCounter:
                 pending = pending[cut:]
             pending += part
         return total + self.count(pending)
+
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        """Where every two parts meet at a cut, the counts add up: the known ones are not
+        counted again (nor their texts hashed)."""
+        if not all(map(_is_cut, parts, parts[1:])):
+            return self.count_parts(parts)
+        return sum(self.count(part) if known is None else known
+                   for part, known in zip(parts, counts, strict=True))
 
     def remember(self, text: str, tokens: int) -> None:
         self.cache.put(text_key(text), tokens)
@@ -209,6 +227,9 @@ class HuggingFaceCounter:
         no one cut rule covers (byte-level regexes, a Metaspace prefix on the first word
         only, normalizers), so a sum of parts could miss a merge across a seam."""
         return self.count("".join(parts))
+
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        return self.count_parts(parts)  # no cut rule: the joined text, as `count_parts`
 
     def remember(self, text: str, tokens: int) -> None:
         self.cache.put(text_key(text), tokens)
