@@ -124,6 +124,26 @@ def test_the_counts_focusing_works_out_from_parts_are_the_tokenizers(
         assert COUNTER.count(f" {item.text}") == len(encoding.encode_ordinary(f" {item.text}"))
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events(), st.integers(1, 600))
+def test_the_audit_says_of_each_kept_passage_how_many_sentences_it_kept(
+    evented: RetrievalResult, budget: int
+) -> None:
+    """Focused: every kept passage says its sentences kept, of how many, fewer exactly where
+    text was left out; the other modes never write the field (their bytes as before)."""
+    audit = assemble(evented, focused(budget)).audit
+    for kept in audit.kept:
+        assert kept.sentences is not None and 1 <= kept.sentences.kept <= kept.sentences.of
+        text = next(c.text for c in evented.chunks if c.chunk_id == kept.chunk_id)
+        assert kept.sentences.of == len(segments(text, COUNTER.count))
+        assert (kept.sentences.kept < kept.sentences.of) == kept.compressed
+    for mode in ("off", "overflow", "always"):
+        other = assemble(evented, policy_from_mapping(
+            {"budget": {"context_tokens": budget}, "compress": {"mode": mode}})).audit
+        assert all(k.sentences is None for k in other.kept)
+        assert '"sentences"' not in other.model_dump_json()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events(), st.integers(1, 600))
 def test_never_over_budget_every_chunk_once_and_the_same_bytes_twice(

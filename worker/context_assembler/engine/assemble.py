@@ -28,6 +28,7 @@ from context_assembler.contract.models import (
     Message,
     PolicyRef,
     RetrievalResult,
+    SentencesKept,
     TokenUsage,
 )
 from context_assembler.engine import render
@@ -166,7 +167,7 @@ def _focus(
         max_chunks=policy.select.max_chunks,
     )
     focused, dropped = focus(eligible, packing, CopyDetector(policy.dedup))
-    kept = [Packed(f.candidate, f.text, f.tokens, f.compressed) for f in focused]
+    kept = [Packed(f.candidate, f.text, f.tokens, f.compressed, f.sentences) for f in focused]
     return kept, [*below, *dropped]
 
 
@@ -332,6 +333,8 @@ def _kept(shown: _Rendered, counter: TokenCounter) -> list[KeptChunk]:
             label=label,
             tokens=counter.count(text),
             compressed=item.compressed,
+            sentences=None if item.sentences is None else SentencesKept(
+                kept=item.sentences[0], of=item.sentences[1]),
         )
         for item, label, text in zip(shown.ordered, shown.labels, shown.passages, strict=True)
     ]

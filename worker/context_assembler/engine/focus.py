@@ -328,12 +328,14 @@ class _Passage:
 
 @dataclass(frozen=True, slots=True)
 class Focused:
-    """A passage as focusing left it: its text, its cost, whether text was left out."""
+    """A passage as focusing left it: its text, its cost, whether text was left out, and
+    its segments kept, of how many."""
 
     candidate: Candidate
     text: str
     tokens: int
     compressed: bool
+    sentences: tuple[int, int]
 
 
 def extract(passage: _Passage, elision: int) -> tuple[list[str], list[int | None]]:
@@ -600,12 +602,14 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     """The passage as extracted, with its exact cost: counted from its pieces (whose counts
     are mostly known) where rendering leaves its text as it is, else rendered whole."""
     candidate = passage.candidate
+    sentences = (passage.taken, len(passage.segments))
     pieces, counts = extract(passage, elision)
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
-        return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False)
+        return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False,
+                       sentences)
     if neutralise(text) != text:
-        return Focused(candidate, text, packing.cost(candidate, text), True)
+        return Focused(candidate, text, packing.cost(candidate, text), True, sentences)
     header = packing.header(candidate)
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
         # The extract after its blank, counted once from its pieces and remembered: the
@@ -615,6 +619,6 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
                                      [elision if pieces[0] == ELISION else None, *counts[1:]])
         packing.remember(spaced, tokens)
         return Focused(candidate, text, packing.count_known([header[:-1], spaced],
-                                                            [None, tokens]), True)
+                                                            [None, tokens]), True, sentences)
     return Focused(candidate, text, packing.count_known([header, *pieces], [None, *counts]),
-                   True)
+                   True, sentences)
