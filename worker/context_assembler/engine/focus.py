@@ -251,7 +251,7 @@ class Analysis:
     held: frozenset[str]
     postings: dict[str, tuple[int, ...]]  # word form -> the segments holding it, in order
     kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
-    marked: frozenset[str]  # every word of the passage that `marks_of` marks
+    marked: dict[str, tuple[int, ...]]  # a word `marks_of` marks -> the segments it marks
     nbytes: int  # what holding it in the cache costs, approximately
     _split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
@@ -298,17 +298,23 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
     held = frozenset(postings)
     if candidate.title:
         held |= terms(candidate.title)
-    marked = frozenset(word for part in parts for word, _ in part.marks)
+    marked: dict[str, list[int]] = {}
+    for index, part in enumerate(parts):
+        for word, _ in part.marks:
+            found_in = marked.setdefault(word, [])
+            if not found_in or found_in[-1] != index:
+                found_in.append(index)
     kinds = tuple(functools.reduce(operator.or_, (kind for _, kind in part.marks), 0)
                   for part in parts)
     nbytes = (
         _ENTRY_BYTES + sys.getsizeof(candidate.title or "") + 2 * len(candidate.text)
         + sum(_SEGMENT_BYTES + _WORD_BYTES * len(s.marks) for s in parts)
         + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in postings.values())
-        + _WORD_BYTES * (len(held) + len(marked)) + _SPLITS_BYTES * len(parts)
+        + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in marked.values())
+        + _WORD_BYTES * len(held) + _SPLITS_BYTES * len(parts)
     )
     found = Analysis(parts, tokens, held, {t: tuple(i) for t, i in postings.items()}, kinds,
-                     marked, nbytes)
+                     {w: tuple(i) for w, i in marked.items()}, nbytes)
     ANALYSES.put(key, found)
     return found
 
@@ -418,16 +424,19 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
         for term in sorted(question_terms & passage.held):
             for index in analysis.postings.get(term, ()):
                 matched[index] = matched.get(index, 0.0) + idf[term] / mass
-        # Where the question names a word a segment's kind rests on, judge each segment.
-        each = bool(asked) and not analysis.marked.isdisjoint(question_words)
-        special = set(range(size)) if each else {
+        # A segment marking a word the question names is judged by what else it marks
+        # (`held_kinds`); any other holds the kinds its analysis found.
+        named = [analysis.marked[word] for word in question_words
+                 if word in analysis.marked] if asked else []
+        judged = {index for found in named for index in found}
+        special = {
             near for index in matched for near in (index - 1, index, index + 1)
-            if 0 <= near < size} | ({0} if size else set())
+            if 0 <= near < size} | ({0} if size else set()) | judged
         for index in sorted(special):
             near = max(matched.get(index - 1, 0.0), matched.get(index + 1, 0.0))
             score = base + matched.get(index, 0.0) + weights.neighbour * near
-            kinds = (held_kinds(passage.segments[index].marks, question_words) if each
-                     else analysis.kinds[index])
+            kinds = (held_kinds(passage.segments[index].marks, question_words)
+                     if index in judged else analysis.kinds[index])
             if kinds & asked:
                 score += weights.asked
             if index == 0:
