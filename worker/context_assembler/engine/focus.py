@@ -418,10 +418,11 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     groups: list[Iterator[Ranked]] = []
     for number, passage in enumerate(passages):
         analysis, size = passage.analysis, len(passage.segments)
-        about = sum(idf[t] for t in question_terms & passage.held) / mass
+        shared = sorted(question_terms & passage.held)
+        about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
         matched: dict[int, float] = {}
-        for term in sorted(question_terms & passage.held):
+        for term in shared:
             for index in analysis.postings.get(term, ()):
                 matched[index] = matched.get(index, 0.0) + idf[term] / mass
         # A segment marking a word the question names is judged by what else it marks
