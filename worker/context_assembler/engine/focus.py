@@ -328,6 +328,7 @@ class _Passage:
     held: frozenset[str]  # the word forms of the whole passage, title included
     chosen: list[bool]
     header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
+    header_text: str = ""  # the passage as rendered before its text, once counted
     taken: int = 0  # segments chosen
     admitted: bool = False
 
@@ -494,7 +495,8 @@ class _Taking:
         if passage.admitted:
             return added
         if passage.header < 0:  # counted only for the passages that come this far
-            passage.header = self.count(self.render_header(passage.candidate))
+            passage.header_text = self.render_header(passage.candidate)
+            passage.header = self.count(passage.header_text)
         return added + passage.header + (self.separator if self.admitted else 0)
 
     def take(self, passage: _Passage, needed: list[int], cost: int) -> None:
@@ -620,7 +622,7 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
                        sentences)
     if neutralise(text) != text:
         return Focused(candidate, text, packing.cost(candidate, text), True, sentences)
-    header = packing.header(candidate)
+    header = passage.header_text  # rendered when it was admitted (`_Taking.cost`)
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
         # The extract after its blank, counted once from its pieces and remembered: the
         # render counts the passage under its final label from it.
