@@ -161,3 +161,16 @@ def test_the_provider_request_is_an_optional_field_the_prompt_gained() -> None:
     assert "provider_request" not in new["required"]
     assert breaking_changes(old, new, "output") == []
     assert breaking_changes(new, old, "output") == ["provider_request: field removed"]
+
+
+def test_the_sentences_kept_are_an_optional_field_a_kept_chunk_gained() -> None:
+    """Version 1's audit as first published, against the current one: a kept chunk's
+    sentences are a new, optional output field inside `kept[]`; taken away from a snapshot
+    that has them, they would break readers."""
+    old = json.loads((snapshot_dir(1) / "assembly-audit.schema.json").read_text("utf-8"))
+    new = AssemblyAudit.model_json_schema()
+    assert "sentences" not in old["$defs"]["KeptChunk"]["properties"]
+    assert "sentences" in new["$defs"]["KeptChunk"]["properties"]
+    assert "sentences" not in new["$defs"]["KeptChunk"]["required"]
+    assert breaking_changes(old, new, "output") == []
+    assert breaking_changes(new, old, "output") == ["kept[].sentences: field removed"]

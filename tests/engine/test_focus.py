@@ -27,6 +27,7 @@ from context_assembler.engine.focus import (
 )
 from context_assembler.engine.policy import DedupPolicy, Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter
+from context_assembler.engine.vocabulary import load_encoding
 from context_assembler.intake.policies import load_preset
 from tests.factories import chunk, event
 
@@ -90,7 +91,8 @@ def _focus(evented: RetrievalResult, budget: int) -> tuple[list[Any], list[Any]]
         return COUNTER.count(f"[S9] (-) {text}")
 
     packing = FocusPacking(budget=budget, question=evented.question, count=COUNTER.count,
-                           count_parts=COUNTER.count_parts, tokenizer=COUNTER.name,
+                           count_known=COUNTER.count_known, remember=COUNTER.remember,
+                           tokenizer=COUNTER.name,
                            header=lambda _: "[S9] (-) ", cost=cost, separator_tokens=1, max_chunks=None)
     return focus(candidates, packing, CopyDetector(DedupPolicy()))
 
@@ -106,6 +108,40 @@ def test_every_kept_passage_is_its_chunks_sentences_verbatim_in_order(
             assert item.text is item.candidate.text
         else:
             assert ELISION in item.text and _runs_in_order(item.text, item.candidate.text)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events(), st.integers(1, 600))
+def test_the_counts_focusing_works_out_from_parts_are_the_tokenizers(
+    evented: RetrievalResult, budget: int
+) -> None:
+    """Each passage's cost, and the extract count it remembers for the render, are what
+    the tokenizer itself gives the joined text (counted afresh, no cache)."""
+    encoding = load_encoding("cl100k_base")
+    kept, _ = _focus(evented, budget)
+    for item in kept:
+        assert item.tokens == len(encoding.encode_ordinary(f"[S9] (-) {item.text}"))
+        assert COUNTER.count(f" {item.text}") == len(encoding.encode_ordinary(f" {item.text}"))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events(), st.integers(1, 600))
+def test_the_audit_says_of_each_kept_passage_how_many_sentences_it_kept(
+    evented: RetrievalResult, budget: int
+) -> None:
+    """Focused: every kept passage says its sentences kept, of how many, fewer exactly where
+    text was left out; the other modes never write the field (their bytes as before)."""
+    audit = assemble(evented, focused(budget)).audit
+    for kept in audit.kept:
+        assert kept.sentences is not None and 1 <= kept.sentences.kept <= kept.sentences.of
+        text = next(c.text for c in evented.chunks if c.chunk_id == kept.chunk_id)
+        assert kept.sentences.of == len(segments(text, COUNTER.count))
+        assert (kept.sentences.kept < kept.sentences.of) == kept.compressed
+    for mode in ("off", "overflow", "always"):
+        other = assemble(evented, policy_from_mapping(
+            {"budget": {"context_tokens": budget}, "compress": {"mode": mode}})).audit
+        assert all(k.sentences is None for k in other.kept)
+        assert '"sentences"' not in other.model_dump_json()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from context_assembler.contract.models import RetrievalResult
+from context_assembler.contract.models import Chunk, KeptChunk, RetrievalResult
 from context_assembler.engine import assemble, render
 from context_assembler.engine.compress import extract_relevant
 from context_assembler.engine.policy import Policy
@@ -26,10 +26,12 @@ def check_every_figure(event: RetrievalResult, policy: Policy) -> None:
     # joined by the separator, and each one's figure is its own recount.
     chunks = {k.rank: event.chunks[k.rank - 1] for k in audit.kept}
     passages = []
-    for kept in audit.kept:
+    for number, kept in enumerate(audit.kept):
         source = chunks[kept.rank]
         text = source.text
-        if kept.compressed:
+        if kept.compressed and policy.compress.mode == "focused":
+            text = _focused_extract(prompt.context, audit.kept[number:], chunks, policy)
+        elif kept.compressed:
             extract = extract_relevant(text, event.question, policy.compress.max_sentences)
             assert extract is not None
             text = extract
@@ -42,6 +44,21 @@ def check_every_figure(event: RetrievalResult, policy: Policy) -> None:
     # The prompt figure is every message recounted, each with its chat overhead.
     overhead = policy.budget.message_overhead
     assert audit.tokens.prompt == sum(counter.count(m.content) + overhead for m in prompt.messages)
+
+
+def _focused_extract(context: str, rest: list[KeptChunk], chunks: dict[int, Chunk],
+                     policy: Policy) -> str:
+    """The extract focusing chose for `rest[0]`, read off the context: between its header
+    and the next passage's (headers cannot occur in passage text: they are neutralised).
+    Its sentences are checked verbatim and in order elsewhere (test_focus.py)."""
+    style, separator = policy.render.header, policy.render.separator
+    joiner = " " if style == "inline_section" else "\n"
+    first = render.header(chunks[rest[0].rank], rest[0].label, style) + joiner
+    start = context.index(first) + len(first)
+    if len(rest) == 1:
+        return context[start:]
+    following = separator + render.header(chunks[rest[1].rank], rest[1].label, style)
+    return context[start:context.index(following, start)]
 
 
 @SETTINGS

@@ -19,6 +19,7 @@ from context_assembler.contract.models import (
     PolicyRef,
     RejectReason,
     RetrievalResult,
+    SentencesKept,
     TokenUsage,
 )
 
@@ -37,5 +38,6 @@ __all__ = [
     "PolicyRef",
     "RejectReason",
     "RetrievalResult",
+    "SentencesKept",
     "TokenUsage",
 ]

@@ -367,6 +367,14 @@ class AnswerRecord(_Record):
         description="The answer's text, or the provider's response body as JSON.")
 
 
+class SentencesKept(_Record):
+    """What compression kept of one passage, in sentences (a sentence too long to take
+    whole counts as its pieces)."""
+
+    kept: int = Field(ge=0, description="The passage's sentences in the prompt.")
+    of: int = Field(ge=1, description="The passage's sentences in all.")
+
+
 class KeptChunk(_Record):
     chunk_id: str
     doc_id: str
@@ -374,6 +382,20 @@ class KeptChunk(_Record):
     label: str
     tokens: int
     compressed: bool = False
+    sentences: SentencesKept | None = Field(
+        default=None,
+        description="Where compression ran on the passage (`[compress] mode = \"focused\"`): "
+        "its sentences kept, of how many (kept < of: text was left out); absent where "
+        "compression did not run on it.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _absent_when_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Where compression did not run, the bytes written before the field existed."""
+        data: dict[str, Any] = handler(self)
+        if self.sentences is None:
+            data.pop("sentences", None)
+        return data
 
 
 class DroppedChunk(_Record):

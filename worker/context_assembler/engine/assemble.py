@@ -28,6 +28,7 @@ from context_assembler.contract.models import (
     Message,
     PolicyRef,
     RetrievalResult,
+    SentencesKept,
     TokenUsage,
 )
 from context_assembler.engine import render
@@ -157,7 +158,8 @@ def _focus(
         budget=assembling.plan.passages,
         question=assembling.event.question,
         count=assembling.counter.count,
-        count_parts=assembling.counter.count_parts,
+        count_known=assembling.counter.count_known,
+        remember=assembling.counter.remember,
         tokenizer=assembling.counter.name,
         header=lambda candidate: assembling.passage_costs.rendered(candidate, ""),
         cost=assembling.passage_costs.tokens,
@@ -165,7 +167,7 @@ def _focus(
         max_chunks=policy.select.max_chunks,
     )
     focused, dropped = focus(eligible, packing, CopyDetector(policy.dedup))
-    kept = [Packed(f.candidate, f.text, f.tokens, f.compressed) for f in focused]
+    kept = [Packed(f.candidate, f.text, f.tokens, f.compressed, f.sentences) for f in focused]
     return kept, [*below, *dropped]
 
 
@@ -226,6 +228,10 @@ def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
         render.passage(item.candidate.chunk, item.text, label, policy.render.header)
         for item, label in zip(ordered, labels, strict=True)
     ]
+    for item, label, text in zip(ordered, labels, passages, strict=True):
+        if item.compressed:  # a new text: counted from its header and its extract's count
+            _count_new_passage(assembling.counter, text, render.header(
+                item.candidate.chunk, label, policy.render.header))
     user_parts = render.user_parts(assembling.event.question, passages, policy.render)
     context_tokens = _context_tokens(passages, policy.render.separator, assembling.counter)
     blocks = [
@@ -234,6 +240,12 @@ def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
                                            item.text, label, policy.render.header))
     ]
     return _Rendered(ordered, labels, passages, user_parts, context_tokens, blocks)
+
+
+def _count_new_passage(counter: TokenCounter, passage: str, header: str) -> None:
+    """Count an extract's passage as its header and the rest (an extract's count is often
+    known, see `focus`), and remember it: the context and the prompt count it whole."""
+    counter.remember(passage, counter.count_parts([header, passage[len(header):]]))
 
 
 def _render_within_limits(
@@ -321,6 +333,8 @@ def _kept(shown: _Rendered, counter: TokenCounter) -> list[KeptChunk]:
             label=label,
             tokens=counter.count(text),
             compressed=item.compressed,
+            sentences=None if item.sentences is None else SentencesKept(
+                kept=item.sentences[0], of=item.sentences[1]),
         )
         for item, label, text in zip(shown.ordered, shown.labels, shown.passages, strict=True)
     ]

@@ -251,7 +251,7 @@ class Analysis:
     held: frozenset[str]
     postings: dict[str, tuple[int, ...]]  # word form -> the segments holding it, in order
     kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
-    marked: frozenset[str]  # every word of the passage that `marks_of` marks
+    marked: dict[str, tuple[int, ...]]  # a word `marks_of` marks -> the segments it marks
     nbytes: int  # what holding it in the cache costs, approximately
     _split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
@@ -298,17 +298,23 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
     held = frozenset(postings)
     if candidate.title:
         held |= terms(candidate.title)
-    marked = frozenset(word for part in parts for word, _ in part.marks)
+    marked: dict[str, list[int]] = {}
+    for index, part in enumerate(parts):
+        for word, _ in part.marks:
+            found_in = marked.setdefault(word, [])
+            if not found_in or found_in[-1] != index:
+                found_in.append(index)
     kinds = tuple(functools.reduce(operator.or_, (kind for _, kind in part.marks), 0)
                   for part in parts)
     nbytes = (
         _ENTRY_BYTES + sys.getsizeof(candidate.title or "") + 2 * len(candidate.text)
         + sum(_SEGMENT_BYTES + _WORD_BYTES * len(s.marks) for s in parts)
         + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in postings.values())
-        + _WORD_BYTES * (len(held) + len(marked)) + _SPLITS_BYTES * len(parts)
+        + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in marked.values())
+        + _WORD_BYTES * len(held) + _SPLITS_BYTES * len(parts)
     )
     found = Analysis(parts, tokens, held, {t: tuple(i) for t, i in postings.items()}, kinds,
-                     marked, nbytes)
+                     {w: tuple(i) for w, i in marked.items()}, nbytes)
     ANALYSES.put(key, found)
     return found
 
@@ -322,40 +328,49 @@ class _Passage:
     held: frozenset[str]  # the word forms of the whole passage, title included
     chosen: list[bool]
     header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
+    header_text: str = ""  # the passage as rendered before its text, once counted
     taken: int = 0  # segments chosen
     admitted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Focused:
-    """A passage as focusing left it: its text, its cost, whether text was left out."""
+    """A passage as focusing left it: its text, its cost, whether text was left out, and
+    its segments kept, of how many."""
 
     candidate: Candidate
     text: str
     tokens: int
     compressed: bool
+    sentences: tuple[int, int]
 
 
-def extract(passage: _Passage) -> list[str]:
+def extract(passage: _Passage, elision: int) -> tuple[list[str], list[int | None]]:
     """The chosen segments in order, "…" where any were left out, in pieces (joined, the
-    extract); the whole text, one piece, if none was left out. Each piece but the first
-    starts with the blank that joins it, as its count was cached (`analyse`), so that
-    counting the pieces joined adds cached counts (`count_parts`)."""
+    extract), each with its count where it is known (None: not); the whole text, one
+    piece, if none was left out. Each piece but the first starts with the blank that joins
+    it, as its count was cached (`analyse`), so that the pieces' counts add up
+    (`count_known`). `elision`: the count of " …"."""
     if passage.taken == len(passage.segments):
-        return [passage.candidate.text]
+        return [passage.candidate.text], [None]
     pieces: list[str] = []
+    counts: list[int | None] = []
     previous = -1
     for index, segment in enumerate(passage.segments):
         if not passage.chosen[index]:
             continue
         if index != previous + 1:
             pieces += [f" {ELISION}" if pieces else ELISION, f" {segment.text}"]
+            counts += [elision if counts else None,
+                       passage.tokens[index] if segment.joined == " " else None]
         else:
             pieces.append(segment.joined + segment.text if pieces else segment.text)
+            counts.append(passage.tokens[index])
         previous = index
     if previous != len(passage.segments) - 1:
         pieces.append(f" {ELISION}")
-    return pieces
+        counts.append(elision)
+    return pieces, counts
 
 
 def weights_of_terms(passages: list[_Passage], question: frozenset[str]) -> dict[str, float]:
@@ -404,22 +419,26 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     groups: list[Iterator[Ranked]] = []
     for number, passage in enumerate(passages):
         analysis, size = passage.analysis, len(passage.segments)
-        about = sum(idf[t] for t in question_terms & passage.held) / mass
+        shared = sorted(question_terms & passage.held)
+        about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
         matched: dict[int, float] = {}
-        for term in sorted(question_terms & passage.held):
+        for term in shared:
             for index in analysis.postings.get(term, ()):
                 matched[index] = matched.get(index, 0.0) + idf[term] / mass
-        # Where the question names a word a segment's kind rests on, judge each segment.
-        each = bool(asked) and not analysis.marked.isdisjoint(question_words)
-        special = set(range(size)) if each else {
+        # A segment marking a word the question names is judged by what else it marks
+        # (`held_kinds`); any other holds the kinds its analysis found.
+        named = [analysis.marked[word] for word in question_words
+                 if word in analysis.marked] if asked else []
+        judged = {index for found in named for index in found}
+        special = {
             near for index in matched for near in (index - 1, index, index + 1)
-            if 0 <= near < size} | ({0} if size else set())
+            if 0 <= near < size} | ({0} if size else set()) | judged
         for index in sorted(special):
             near = max(matched.get(index - 1, 0.0), matched.get(index + 1, 0.0))
             score = base + matched.get(index, 0.0) + weights.neighbour * near
-            kinds = (held_kinds(passage.segments[index].marks, question_words) if each
-                     else analysis.kinds[index])
+            kinds = (held_kinds(passage.segments[index].marks, question_words)
+                     if index in judged else analysis.kinds[index])
             if kinds & asked:
                 score += weights.asked
             if index == 0:
@@ -476,7 +495,8 @@ class _Taking:
         if passage.admitted:
             return added
         if passage.header < 0:  # counted only for the passages that come this far
-            passage.header = self.count(self.render_header(passage.candidate))
+            passage.header_text = self.render_header(passage.candidate)
+            passage.header = self.count(passage.header_text)
         return added + passage.header + (self.separator if self.admitted else 0)
 
     def take(self, passage: _Passage, needed: list[int], cost: int) -> None:
@@ -511,7 +531,9 @@ class FocusPacking:
     budget: int
     question: str
     count: Callable[[str], int]
-    count_parts: Callable[[Sequence[str]], int]  # the exact count of the parts joined
+    # the exact count of the parts joined, given the counts of some (None: not known)
+    count_known: Callable[[Sequence[str], Sequence[int | None]], int]
+    remember: Callable[[str, int], None]  # hold a count worked out from parts (`count`'s cache)
     tokenizer: str  # the name of what `count` counts with: analyses are kept per tokenizer
     header: Callable[[Candidate], str]  # the passage as rendered before its text
     cost: Callable[[Candidate, str], int]
@@ -577,7 +599,7 @@ def _exact(taking: _Taking, packing: FocusPacking, dropped: dict[int, Drop]) -> 
     """The taken passages as rendered, recounted exactly; while the estimate fell short of
     the exact count, the last steps are given back (the budget is never exceeded)."""
     while True:
-        kept = [_rendered(p, packing) for p in taking.admitted]
+        kept = [_rendered(p, packing, taking.elision) for p in taking.admitted]
         total = sum(k.tokens for k in kept) + packing.separator_tokens * max(0, len(kept) - 1)
         if total <= packing.budget or not taking.steps:
             return kept
@@ -588,19 +610,27 @@ def _exact(taking: _Taking, packing: FocusPacking, dropped: dict[int, Drop]) -> 
                     del dropped[number]
 
 
-def _rendered(passage: _Passage, packing: FocusPacking) -> Focused:
+def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused:
     """The passage as extracted, with its exact cost: counted from its pieces (whose counts
-    are mostly cached) where rendering leaves its text as it is, else rendered whole."""
+    are mostly known) where rendering leaves its text as it is, else rendered whole."""
     candidate = passage.candidate
-    pieces = extract(passage)
+    sentences = (passage.taken, len(passage.segments))
+    pieces, counts = extract(passage, elision)
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
-        return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False)
+        return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False,
+                       sentences)
     if neutralise(text) != text:
-        return Focused(candidate, text, packing.cost(candidate, text), True)
-    header = packing.header(candidate)
+        return Focused(candidate, text, packing.cost(candidate, text), True, sentences)
+    header = passage.header_text  # rendered when it was admitted (`_Taking.cost`)
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
-        parts = [header[:-1], f" {pieces[0]}", *pieces[1:]]
-    else:
-        parts = [header, *pieces]
-    return Focused(candidate, text, packing.count_parts(parts), True)
+        # The extract after its blank, counted once from its pieces and remembered: the
+        # render counts the passage under its final label from it.
+        spaced = f" {text}"
+        tokens = packing.count_known([f" {pieces[0]}", *pieces[1:]],
+                                     [elision if pieces[0] == ELISION else None, *counts[1:]])
+        packing.remember(spaced, tokens)
+        return Focused(candidate, text, packing.count_known([header[:-1], spaced],
+                                                            [None, tokens]), True, sentences)
+    return Focused(candidate, text, packing.count_known([header, *pieces], [None, *counts]),
+                   True, sentences)

@@ -50,6 +50,7 @@ class Packed:
     text: str  # what will be rendered: the chunk's text, or its extract
     tokens: int  # cost as packed (the final label may make it a token smaller)
     compressed: bool
+    sentences: tuple[int, int] | None = None  # (kept, of) where focused compression ran
 
 
 def relevance(candidates: list[Candidate]) -> dict[int, float]:

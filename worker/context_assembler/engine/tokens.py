@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NewType, Protocol
 
 from context_assembler.engine import caches, vocabulary
-from context_assembler.engine.cache import BoundedCache
+from context_assembler.engine.cache import BoundedCache, text_key
 from context_assembler.engine.errors import VocabularyUnavailable
 from context_assembler.engine.specials import SpecialTokens
 
@@ -57,6 +57,15 @@ class TokenCounter(Protocol):
         """The exact count of `"".join(parts)`."""
         ...
 
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        """`count_parts`, given the counts of some parts (None: not known)."""
+        ...
+
+    def remember(self, text: str, tokens: int) -> None:
+        """Hold `tokens` as the count of `text`, worked out exactly from its parts, so
+        that counting `text` later is a cache hit."""
+        ...
+
 
 class CharsPerFour:
     """Seed 000's estimate: ceil(characters / 4)."""
@@ -69,6 +78,12 @@ class CharsPerFour:
     def count_parts(self, parts: Sequence[str]) -> int:
         return math.ceil(sum(map(len, parts)) / 4)
 
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        return self.count_parts(parts)
+
+    def remember(self, text: str, tokens: int) -> None:
+        """Nothing to hold: counting is arithmetic."""
+
 
 class WordsTimesOnePointThree:
     """Seed 003's estimate: whitespace words x 1.3, rounded up (integer arithmetic)."""
@@ -80,6 +95,12 @@ class WordsTimesOnePointThree:
 
     def count_parts(self, parts: Sequence[str]) -> int:
         return self.count("".join(parts))
+
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        return self.count_parts(parts)
+
+    def remember(self, text: str, tokens: int) -> None:
+        """Nothing to hold: counting is arithmetic."""
 
 
 class TiktokenCounter:
@@ -125,6 +146,17 @@ class TiktokenCounter:
                 pending = pending[cut:]
             pending += part
         return total + self.count(pending)
+
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        """Where every two parts meet at a cut, the counts add up: the known ones are not
+        counted again (nor their texts hashed)."""
+        if not all(map(_is_cut, parts, parts[1:])):
+            return self.count_parts(parts)
+        return sum(self.count(part) if known is None else known
+                   for part, known in zip(parts, counts, strict=True))
+
+    def remember(self, text: str, tokens: int) -> None:
+        self.cache.put(text_key(text), tokens)
 
 
 _NONE: Final[frozenset[str]] = frozenset()  # no special tokens: their text counts as text
@@ -195,6 +227,12 @@ class HuggingFaceCounter:
         no one cut rule covers (byte-level regexes, a Metaspace prefix on the first word
         only, normalizers), so a sum of parts could miss a merge across a seam."""
         return self.count("".join(parts))
+
+    def count_known(self, parts: Sequence[str], counts: Sequence[int | None]) -> int:
+        return self.count_parts(parts)  # no cut rule: the joined text, as `count_parts`
+
+    def remember(self, text: str, tokens: int) -> None:
+        self.cache.put(text_key(text), tokens)
 
 
 _lock = threading.Lock()
