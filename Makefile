@@ -9,7 +9,7 @@ OUT    := out
 # The development broker's config, data and log (the docs' tests set their own).
 KAFKA_DIR ?= .kafka/dev
 
-.PHONY: demo dev wheel test test-unit test-lowest lint docs docs-serve check-docs docs-settings check check-deploy check-kubeconform check-helm prometheus-rule bench bench-quality bench-kafka chaos schemas broker-start broker-address broker-stop clean
+.PHONY: help demo dev wheel test test-unit test-lowest lint docs docs-serve check-docs docs-settings check check-deploy check-kubeconform check-helm prometheus-rule bench bench-quality bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
 $(BIN)/context-assembler: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ $(DEV): $(BIN)/context-assembler
 	touch $@
 
 dev: $(DEV)  ## the development tools, for the tests, lint and the docs
+
+help:  ## this list: each target and what it does
+	@awk -F':.*## ' '/^[a-z][a-z-]*:.*## /{printf "  make %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # A wheel to install the package into another project (docs/library.md).
 wheel: $(BIN)/context-assembler  ## dist/context_assembler-<version>-py3-none-any.whl
@@ -57,11 +60,11 @@ test-lowest: $(DEV)  ## unit tests at the lowest direct versions allowed
 	    --deselect tests/deploy/test_image.py::test_every_runtime_dependency_is_pinned_in_constraints \
 	    --deselect tests/deploy/test_image.py::test_the_msk_iam_extra_is_pinned_and_in_dev
 
-lint: $(DEV)
+lint: $(DEV)  ## ruff and mypy --strict
 	$(BIN)/ruff check worker tests bench
 	$(BIN)/mypy
 
-check: lint test
+check: lint test  ## lint, then every test
 
 # Mermaid is served with the site (tools/mermaid/hook.py copies it in), never from a CDN: the
 # version tools/mermaid/package-lock.json pins, installed by `npm ci` as the AsyncAPI parser is.
@@ -70,7 +73,7 @@ docs: $(DEV) $(MERMAID)/node_modules/.package-lock.json  ## the user documentati
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 DOCS_ADDRESS ?= 127.0.0.1:8001
-docs-serve: $(DEV) $(MERMAID)/node_modules/.package-lock.json  ## the site with search, on http://$(DOCS_ADDRESS)/
+docs-serve: $(DEV) $(MERMAID)/node_modules/.package-lock.json  ## the site with search, on http://127.0.0.1:8001/ (DOCS_ADDRESS)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDRESS)
 
 # Every page in headless Chromium (Debian's chromium package) at 1280 px: rendered with no
@@ -139,7 +142,7 @@ schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yam
 docs-settings: $(BIN)/context-assembler  ## regenerate docs/settings.md from the settings model
 	$(BIN)/python -m context_assembler.settings docs/settings.md
 
-bench: $(DEV)  ## engine vs the naive seed-000 baseline; cost against chunk count
+bench: $(DEV)  ## the engine against a naive greedy packer (the course lesson it follows); cost by chunk count
 	$(BIN)/python -m bench.engine_bench
 	$(BIN)/python -m bench.scaling
 
@@ -171,8 +174,8 @@ broker-address:  ## host:port of the broker broker-start started, while it runs
 	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR) 2>/dev/null || \
 	    echo "no broker is running from $(KAFKA_DIR) (make broker-start starts one)" >&2
 
-broker-stop:
+broker-stop:  ## stop the broker broker-start started
 	bash scripts/kafka.sh stop $(KAFKA_DIR)
 
-clean:
+clean:  ## remove the venvs, outputs, built tools and caches
 	rm -rf $(VENV) $(LOWEST) $(OUT) site dist build $(ASYNCAPI)/node_modules $(MERMAID)/node_modules .tools .kafka .pytest_cache .mypy_cache .ruff_cache
