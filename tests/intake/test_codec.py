@@ -1,5 +1,6 @@
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -22,6 +23,7 @@ from context_assembler.intake.codec import (
     encode,
     encode_error_record,
 )
+from context_assembler.intake.policies import load_policy
 
 
 def reject(raw: bytes | Excerpt, limits: Limits | None = None) -> RejectedInput:
@@ -251,12 +253,13 @@ def _models() -> list[type[BaseModel]]:
 
 def test_encode_writes_what_pydantic_json_mode_writes() -> None:
     """`encode` lets orjson walk the models' fields: that holds only while no model renames,
-    computes or serializes a field its own way (but for the prompt's serializer, which
-    leaves out an absent provider request, as `encode` does)."""
+    computes or serializes a field its own way (but for the serializers that leave out an
+    absent provider request or sentence count, as `encode` does)."""
     for model in _models():
         decorators = model.__pydantic_decorators__
         serializers = list(decorators.model_serializers)
-        assert serializers == (["_absent_when_none"] if model is models.AssembledPrompt else []), model
+        absent_when_none = model in (models.AssembledPrompt, models.KeptChunk)
+        assert serializers == (["_absent_when_none"] if absent_when_none else []), model
         assert not decorators.field_serializers, model
         assert not model.model_computed_fields, model
         assert all(f.alias is None and f.serialization_alias is None for f in model.model_fields.values()), model
@@ -289,3 +292,15 @@ def test_an_error_record_says_the_same_in_json_with_nothing_a_terminal_acts_on(
     assert json.loads(shown) == json.loads(encode(record))
     text = shown.decode()
     assert printable(text) == text  # no control, bidi or line-separator character left raw
+
+
+@pytest.mark.parametrize("preset", ["default", "focused"])
+def test_encode_writes_the_bytes_the_models_serializers_write(preset: str) -> None:
+    """An optional field the contract gained is left out by `encode` where the model's own
+    serializer leaves it out: an audit without compression has no `sentences` key."""
+    for line in (Path(__file__).parents[2] / "examples" / "events.jsonl").read_bytes().splitlines():
+        assembly = assemble(RetrievalResult.model_validate_json(line), load_policy(preset))
+        for record in (assembly.prompt, assembly.audit):
+            assert encode(record) == record.model_dump_json().encode()
+        if preset == "default":
+            assert b'"sentences"' not in encode(assembly.audit)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from context_assembler.contract.models import (
     AssembledPrompt,
     ErrorRecord,
+    KeptChunk,
     RejectReason,
     RetrievalResult,
 )
@@ -290,13 +291,21 @@ def decode_event(
     return event
 
 
+# The optional fields the contract gained, left out when absent, as the models' serializers
+# leave them out: records without them keep the bytes they had before the fields existed.
+_ABSENT_WHEN_NONE: dict[type[BaseModel], str] = {
+    AssembledPrompt: "provider_request",
+    KeptChunk: "sentences",
+}
+
+
 def _fields(value: object) -> dict[str, Any]:
     """A model's fields in declaration order, for orjson to write (it writes dates, enums,
-    floats and containers as pydantic's JSON mode does); anything else is a bug. A prompt
-    without a provider request leaves the field out, as its serializer does."""
-    if isinstance(value, AssembledPrompt) and value.provider_request is None:
-        return {k: v for k, v in value.__dict__.items() if k != "provider_request"}
+    floats and containers as pydantic's JSON mode does); anything else is a bug."""
     if isinstance(value, BaseModel):
+        optional = _ABSENT_WHEN_NONE.get(type(value))
+        if optional is not None and getattr(value, optional) is None:
+            return {k: v for k, v in value.__dict__.items() if k != optional}
         return value.__dict__
     raise TypeError(f"cannot encode {type(value).__name__}")
 
