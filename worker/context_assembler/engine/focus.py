@@ -386,13 +386,14 @@ def extract(passage: _Passage, elision: int) -> tuple[list[str], list[int | None
     return pieces, counts
 
 
-def weights_of_terms(passages: list[_Passage], question: frozenset[str]) -> dict[str, float]:
-    """Each question word's weight: its inverse document frequency among these passages."""
+def weights_of_terms(shared: list[list[str]], question: frozenset[str]) -> dict[str, float]:
+    """Each question word's weight: its inverse document frequency among the passages
+    (`shared`: the question's words each passage holds)."""
     frequency = dict.fromkeys(question, 0)
-    for passage in passages:
-        for term in question & passage.held:
+    for held in shared:
+        for term in held:
             frequency[term] += 1
-    total = len(passages)
+    total = len(shared)
     return {
         term: math.log(1 + (total - found + 0.5) / (found + 0.5))
         for term, found in sorted(frequency.items())
@@ -424,7 +425,8 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     the segments taken, not with every segment of every passage."""
     question_terms = terms(question)
     question_words = frozenset(words(question))
-    idf = weights_of_terms(passages, question_terms)
+    shared_by = [sorted(question_terms & passage.held) for passage in passages]
+    idf = weights_of_terms(shared_by, question_terms)
     mass = sum(idf.values()) or 1.0
     share = {term: weight / mass for term, weight in idf.items()}  # what a match adds
     asked = asks_for(question)
@@ -434,7 +436,7 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     groups: list[Iterator[Ranked]] = []
     for number, passage in enumerate(passages):
         analysis, size = passage.analysis, len(passage.segments)
-        shared = sorted(question_terms & passage.held)
+        shared = shared_by[number]
         about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
         matched: dict[int, float] = {}
