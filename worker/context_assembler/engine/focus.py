@@ -304,7 +304,11 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
     postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
     for index, part in enumerate(parts):
         for term in terms(part.text):
-            postings.setdefault(term, []).append(index)
+            holding = postings.get(term)  # no list made and thrown away per word
+            if holding is None:
+                postings[term] = [index]
+            else:
+                holding.append(index)
     held = frozenset(postings)
     if candidate.title:
         held |= terms(candidate.title)
