@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-import operator
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -79,6 +78,8 @@ _MONTHS: Final = frozenset(
     "january february march april may june july august september october november "
     "december century decade".split()
 )
+_COUNTED: Final = _MONTHS | _NUMBER_WORDS
+_MARK_PUNCTUATION: Final = ".,;:!?\"'()[]"  # stripped off a word before it is marked
 _YEAR: Final = re.compile(r"\d{3,4}s?|\d{1,2}(?:st|nd|rd|th)")
 
 # What a question asks for, by its opening words.
@@ -113,6 +114,8 @@ def _stem(word: str) -> str:
     "released", "releases" and "release" meet, and "movies" and "movie"."""
     if len(word) <= 3 or not word.isalpha():
         return word
+    if word[-1] not in "sdg":  # no ending below: only the final e or y can go
+        return word[:-1] + ("i" if word[-1] == "y" else "") if word[-1] in "ey" else word
     for suffix, keep in (("ies", "i"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e"),
                          ("s", "")):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
@@ -137,7 +140,9 @@ def stem(word: str) -> str:
 
 def terms(text: str) -> frozenset[str]:
     """The word forms of `text` that can say what it is about."""
-    return frozenset(stem(word) for word in words(text) if word not in STOPWORDS)
+    return frozenset(  # `stem` inlined: a call less a word
+        _stem_short(word) if len(word) <= _CACHED_WORD_CHARS else _stem(word)
+        for word in words(text) if word not in STOPWORDS)
 
 
 def asks_for(question: str) -> int:
@@ -161,7 +166,12 @@ def marks_of(sentence: str) -> Marks:
     NAME): digits, months, number words, capitalised words after the first."""
     found: list[tuple[str, int]] = []
     for index, token in enumerate(sentence.split()):
-        word = token.strip(".,;:!?\"'()[]").lower()
+        if token[0].islower():  # most words: no name, no digit, so a month or number or none
+            word = token.rstrip(_MARK_PUNCTUATION).lower()
+            if word in _COUNTED:
+                found.append((word, DATE if word in _MONTHS else NUMBER))
+            continue
+        word = token.strip(_MARK_PUNCTUATION).lower()
         if not word:
             continue
         kind = 0
@@ -294,18 +304,25 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
     postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
     for index, part in enumerate(parts):
         for term in terms(part.text):
-            postings.setdefault(term, []).append(index)
+            holding = postings.get(term)  # no list made and thrown away per word
+            if holding is None:
+                postings[term] = [index]
+            else:
+                holding.append(index)
     held = frozenset(postings)
     if candidate.title:
         held |= terms(candidate.title)
     marked: dict[str, list[int]] = {}
+    kinds_of: list[int] = []
     for index, part in enumerate(parts):
-        for word, _ in part.marks:
+        kinds_here = 0
+        for word, kind in part.marks:
+            kinds_here |= kind
             found_in = marked.setdefault(word, [])
             if not found_in or found_in[-1] != index:
                 found_in.append(index)
-    kinds = tuple(functools.reduce(operator.or_, (kind for _, kind in part.marks), 0)
-                  for part in parts)
+        kinds_of.append(kinds_here)
+    kinds = tuple(kinds_of)
     nbytes = (
         _ENTRY_BYTES + sys.getsizeof(candidate.title or "") + 2 * len(candidate.text)
         + sum(_SEGMENT_BYTES + _WORD_BYTES * len(s.marks) for s in parts)
@@ -373,13 +390,14 @@ def extract(passage: _Passage, elision: int) -> tuple[list[str], list[int | None
     return pieces, counts
 
 
-def weights_of_terms(passages: list[_Passage], question: frozenset[str]) -> dict[str, float]:
-    """Each question word's weight: its inverse document frequency among these passages."""
+def weights_of_terms(shared: list[list[str]], question: frozenset[str]) -> dict[str, float]:
+    """Each question word's weight: its inverse document frequency among the passages
+    (`shared`: the question's words each passage holds)."""
     frequency = dict.fromkeys(question, 0)
-    for passage in passages:
-        for term in question & passage.held:
+    for held in shared:
+        for term in held:
             frequency[term] += 1
-    total = len(passages)
+    total = len(shared)
     return {
         term: math.log(1 + (total - found + 0.5) / (found + 0.5))
         for term, found in sorted(frequency.items())
@@ -411,42 +429,59 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     the segments taken, not with every segment of every passage."""
     question_terms = terms(question)
     question_words = frozenset(words(question))
-    idf = weights_of_terms(passages, question_terms)
+    shared_by = [sorted(question_terms & passage.held) for passage in passages]
+    idf = weights_of_terms(shared_by, question_terms)
     mass = sum(idf.values()) or 1.0
+    share = {term: weight / mass for term, weight in idf.items()}  # what a match adds
     asked = asks_for(question)
     prior = priors([p.candidate for p in passages])
+    neighbour, asked_weight, opening = weights.neighbour, weights.asked, weights.opening
     explicit: list[Ranked] = []
     groups: list[Iterator[Ranked]] = []
     for number, passage in enumerate(passages):
         analysis, size = passage.analysis, len(passage.segments)
-        shared = sorted(question_terms & passage.held)
+        shared = shared_by[number]
         about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
         matched: dict[int, float] = {}
+        postings = analysis.postings
         for term in shared:
-            for index in analysis.postings.get(term, ()):
-                matched[index] = matched.get(index, 0.0) + idf[term] / mass
+            holding_term = postings.get(term)
+            if holding_term:
+                added = share[term]
+                for index in holding_term:
+                    matched[index] = matched.get(index, 0.0) + added
         # A segment marking a word the question names is judged by what else it marks
         # (`held_kinds`); any other holds the kinds its analysis found.
-        named = [analysis.marked[word] for word in question_words
-                 if word in analysis.marked] if asked else []
-        judged = {index for found in named for index in found}
-        special = {
-            near for index in matched for near in (index - 1, index, index + 1)
-            if 0 <= near < size} | ({0} if size else set()) | judged
+        judged: set[int] = set()
+        if asked:
+            marked = analysis.marked
+            for word in question_words:
+                if word in marked:
+                    judged.update(marked[word])
+        # The matched segments, their neighbours, the opening and the judged ones.
+        special = set(matched)
+        special.update([index - 1 for index in matched])
+        special.update([index + 1 for index in matched])
+        special.discard(-1)
+        special.discard(size)
+        if size:
+            special.add(0)
+        special |= judged
+        kinds_of, found, append = analysis.kinds, matched.get, explicit.append
         for index in sorted(special):
-            near = max(matched.get(index - 1, 0.0), matched.get(index + 1, 0.0))
-            score = base + matched.get(index, 0.0) + weights.neighbour * near
+            near = max(found(index - 1, 0.0), found(index + 1, 0.0))
+            score = base + found(index, 0.0) + neighbour * near
             kinds = (held_kinds(passage.segments[index].marks, question_words)
-                     if index in judged else analysis.kinds[index])
+                     if index in judged else kinds_of[index])
             if kinds & asked:
-                score += weights.asked
+                score += asked_weight
             if index == 0:
-                score += weights.opening
-            explicit.append((-score, number, index))
+                score += opening
+            append((-score, number, index))
         if len(special) < size:
             holding, others = analysis.split(asked)
-            groups.append(_group(-(base + weights.asked), number, holding, special))
+            groups.append(_group(-(base + asked_weight), number, holding, special))
             groups.append(_group(-base, number, others, special))
     explicit.sort()
     return heapq.merge(explicit, *groups)
@@ -477,7 +512,8 @@ class _Taking:
     def closure(self, passage: _Passage, index: int) -> list[int]:
         """`index` and the segments before it that it leans on, not yet chosen."""
         needed = [index]
-        while passage.segments[index].leans and index > 0 and not passage.chosen[index - 1]:
+        segments, chosen = passage.segments, passage.chosen
+        while index > 0 and segments[index].leans and not chosen[index - 1]:
             index -= 1
             needed.append(index)
         return needed
@@ -488,10 +524,11 @@ class _Taking:
         segments left out, once any is chosen) and, for a passage's first, its header and
         separator. Worked out from the run's two neighbours alone."""
         low, high = needed[-1], needed[0]
-        gap_before = low > 0 and not passage.chosen[low - 1]
-        gap_after = high + 1 < len(passage.chosen) and not passage.chosen[high + 1]
+        chosen, tokens = passage.chosen, passage.tokens
+        gap_before = low > 0 and not chosen[low - 1]
+        gap_after = high + 1 < len(chosen) and not chosen[high + 1]
         marks = gap_before + gap_after - (1 if passage.taken else 0)
-        added = sum(passage.tokens[index] for index in needed) + marks * self.elision
+        added = (tokens[high] if low == high else sum(tokens[low:high + 1])) + marks * self.elision
         if passage.admitted:
             return added
         if passage.header < 0:  # counted only for the passages that come this far
