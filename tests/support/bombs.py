@@ -3,9 +3,8 @@ compressed with any codec, and the peak resident set of the process that reads i
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError, Message, Producer
-
 from tests.support.broker import Broker
+from tests.support.codecs import librdkafka_produce
 
 MiB = 1024 * 1024
 # What the input topic takes (max.message.bytes) so that a bomb fits compressed: lz4 writes
@@ -39,16 +38,5 @@ def librdkafka_send(broker: Broker, topic: str, codec: str, records: list[tuple[
                     ) -> None:
     """Send `records` compressed with `codec`, flushed: a batch of their own. A record may
     be up to 1 GB before compression, as librdkafka allows."""
-    failures: list[str] = []
-
-    def delivered(error: KafkaError | None, _: Message) -> None:
-        if error is not None:
-            failures.append(str(error))
-
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers,
-                         "compression.type": codec, "enable.idempotence": True,
-                         "message.max.bytes": 1_000_000_000, "linger.ms": 5})
-    for key, value in records:
-        producer.produce(topic, value=value, key=key, on_delivery=delivered)
-    left = producer.flush(120)
-    assert left == 0 and not failures, f"{codec}: {left} unsent, failures {failures[:3]}"
+    librdkafka_produce(broker, topic, codec, records,
+                       {"message.max.bytes": 1_000_000_000, "linger.ms": 5}, timeout=120)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +30,11 @@ CONTROL = 0x20
 
 
 def librdkafka_produce(broker: Broker, topic: str, codec: str,
-                       records: Iterable[tuple[bytes, bytes]]) -> None:
+                       records: Iterable[tuple[bytes, bytes]],
+                       config: Mapping[str, object] = {}, timeout: float = 60) -> None:
     """Send (key, value) records compressed with `codec`, as an idempotent librdkafka
-    producer does; raises if the broker did not acknowledge every one."""
+    producer does (`config` adds to or overrides its settings); raises if the broker did not
+    acknowledge every one within `timeout` seconds."""
     failures: list[str] = []
 
     def delivered(error: KafkaError | None, _: Message) -> None:
@@ -41,11 +43,11 @@ def librdkafka_produce(broker: Broker, topic: str, codec: str,
 
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers,
                          "compression.type": codec, "enable.idempotence": True,
-                         "linger.ms": 20})
+                         "linger.ms": 20, **config})
     for key, value in records:
         producer.produce(topic, value=value, key=key, on_delivery=delivered)
         producer.poll(0)
-    left = producer.flush(60)
+    left = producer.flush(timeout)
     assert left == 0 and not failures, f"{codec}: {left} unsent, failures {failures[:3]}"
 
 
