@@ -65,7 +65,7 @@ from context_assembler.engine.tokens import HuggingFaceCounter, TiktokenCounter,
 from context_assembler.engine.vocabulary import load_encoding
 from context_assembler.intake.codec import Limits, encode
 from context_assembler.intake.handle import assemble_bytes
-from context_assembler.intake.policies import PolicyRegistry, load_policy
+from context_assembler.intake.policy_registry import PolicyRegistry, load_policy
 
 if TYPE_CHECKING:  # imported where the tokenizer is trained: the naive contender never does
     import tokenizers

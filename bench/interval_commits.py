@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from context_assembler.kafka import faust_app
-from context_assembler.kafka.run import run_worker
+from context_assembler.kafka.runtime import faust_app
+from context_assembler.kafka.runtime.worker import run_worker
 from context_assembler.settings import load_settings
 
 if __name__ == "__main__":

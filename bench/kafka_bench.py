@@ -83,7 +83,7 @@ from bench.corpus import Corpus
 from context_assembler import filemode
 from context_assembler.engine import caches
 from context_assembler.intake.codec import Limits, encode
-from context_assembler.intake.policies import build_registry
+from context_assembler.intake.policy_registry import build_registry
 from context_assembler.settings import DEFAULT_COMMIT_INTERVAL_MS
 from tests.support.broker import Broker, broker_from_env
 from tests.support.codecs import batches_of

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from context_assembler.kafka.records import HandlerContext, Origin, Outcome, OutRecord
-from context_assembler.kafka.run import run_worker
+from context_assembler.kafka.runtime.worker import run_worker
 from context_assembler.settings import load_settings
 
 

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from context_assembler.diagnose.evaluate import evaluate, read_labelled, table
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 
 SAMPLE = Path(__file__).parent / "data" / "nq-open-sample.jsonl.gz"
 BUDGETS = [600, 1200, 2400]

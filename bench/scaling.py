@@ -39,7 +39,7 @@ from context_assembler.collector import collect_less
 from context_assembler.engine import Policy, caches
 from context_assembler.intake.codec import Limits, encode
 from context_assembler.intake.handle import assemble_bytes
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 
 SEED: Final = 20_261_202
 SIZES: Final = (10, 100, 1000, 10_000)

@@ -34,7 +34,7 @@ import aiohttp
 from bench.corpus import Corpus
 from context_assembler.intake.codec import Limits, encode
 from context_assembler.intake.handle import assemble_bytes
-from context_assembler.intake.policies import build_registry
+from context_assembler.intake.policy_registry import build_registry
 
 SEED: Final = 20_260_611
 SIZES: Final = (10, 40)

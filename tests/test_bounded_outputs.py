@@ -15,7 +15,7 @@ from context_assembler import filemode
 from context_assembler.contract.models import RejectReason
 from context_assembler.engine.policy import policy_from_mapping
 from context_assembler.intake.codec import MESSAGE_CHARS, Limits, RejectedInput
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import HandlerContext, Origin, handle
 
 RATIO, SLACK = 20, 16 * 1024  # outputs <= RATIO * input + SLACK bytes

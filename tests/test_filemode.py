@@ -17,7 +17,7 @@ from context_assembler import filemode
 from context_assembler.engine.policy import Policy
 from context_assembler.filemode import BOM, OutputConflict, output_file, read_lines, refuse_overlaps
 from context_assembler.intake.codec import RAW_KEPT_BYTES, Excerpt, Limits
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 from tests.factories import EXAMPLES
 
 GOOD = (EXAMPLES / "events.jsonl").read_bytes().splitlines()

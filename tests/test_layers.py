@@ -1,7 +1,7 @@
 """The package's layers, checked on the source: every import, module-level or inside a function.
 
     contract < engine < intake < {filemode, diagnose, observability, settings, the package
-    root} < kafka < serve < cli
+    root} < kafka (clients and records) < kafka.tools < kafka.runtime < serve < cli
 
 A module may import from its own room or from a lower layer, never from a higher one nor from
 another room of its own layer (filemode and diagnose do not know each other). The engine is a
@@ -28,9 +28,11 @@ ROOMS: dict[str, int] = {
     "context_assembler.observability": 3,  # metrics, traces, logs: shared by kafka and serve
     "context_assembler.settings": 3,  # every command's settings: kafka, serve and cli read them
     "context_assembler": 3,  # the root: the library's public API over the engine and intake
-    "context_assembler.kafka": 4,
-    "context_assembler.serve": 5,  # the HTTP endpoint: the worker's metrics, no Kafka
-    "context_assembler.cli": 6,
+    "context_assembler.kafka": 4,  # what both rooms stand on: clients, records, batches
+    "context_assembler.kafka.tools": 5,  # produce, read, replay, redrive, topics: no worker
+    "context_assembler.kafka.runtime": 6,  # the worker: loop, delivery, commits, membership
+    "context_assembler.serve": 7,  # the HTTP endpoint: the worker's metrics, no Kafka
+    "context_assembler.cli": 8,
 }
 
 

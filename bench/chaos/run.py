@@ -27,7 +27,7 @@ mismatch. A worker paused past the session timeout is the fault that exactly_onc
 failed: aiokafka 0.14 commits offsets in a transaction without the group generation
 (TxnOffsetCommit v0, no KIP-447), so the resumed zombie could commit a transaction for
 partitions already given to another worker. The per-partition transactional ids fence it
-now (`worker/context_assembler/kafka/transactional.py`), and the short run (CI) includes that fault.
+now (`kafka/runtime/transactional.py`), and the short run (CI) includes that fault.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import pytest
 
 from context_assembler.cli import kafka
 from context_assembler.cli.main import main
-from context_assembler.intake.policies import build_registry, load_preset
-from context_assembler.kafka.replay import replay
+from context_assembler.intake.policy_registry import build_registry, load_preset
+from context_assembler.kafka.tools.replay import replay
 from tests.factories import EXAMPLES
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from context_assembler.cli.main import main
 from context_assembler.engine.version import __version__
-from context_assembler.intake.policies import build_registry
-from context_assembler.intake.recorded import read_records
+from context_assembler.intake.policy_registry import build_registry
+from context_assembler.intake.recorded_policies import read_records
 from tests.factories import EXAMPLES, naming_policy
 
 

@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 
 from context_assembler.cli.main import main
-from context_assembler.intake.policies import build_registry
-from context_assembler.kafka import policies as policies_module
-from context_assembler.kafka import produce as produce_module
-from context_assembler.kafka import reader as reader_module
-from context_assembler.kafka import redrive as redrive_module
-from context_assembler.kafka.connection import KafkaSecurity
+from context_assembler.intake.policy_registry import build_registry
+from context_assembler.kafka.clients import KafkaSecurity
 from context_assembler.kafka.records import HandlerContext, Origin, handle
-from context_assembler.kafka.replay import replay as replay_module
+from context_assembler.kafka.tools import policies_topic as policies_module
+from context_assembler.kafka.tools import produce as produce_module
+from context_assembler.kafka.tools import reader as reader_module
+from context_assembler.kafka.tools import redrive as redrive_module
+from context_assembler.kafka.tools.replay import replay as replay_module
 from context_assembler.settings import Settings
-from tests.kafka.replay.fakes import FakeReader, Topics
+from tests.kafka.tools.replay.fakes import FakeReader, Topics
 
 HOSTILE = ("\x1b[2J\x1b]52;c;b3duZWQ=\x07\x9b31m\x9d0;title\x9c\u202eevil\u202c\u2066"
            "\u061c\u200f\u2028\u2029\x85\x7f\x00\x0b\x0c\r")

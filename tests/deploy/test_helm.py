@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from context_assembler.kafka.connection import kafka_security
+from context_assembler.kafka.clients import kafka_security
 from context_assembler.kafka.msk_iam import MskIamTokenProvider
 from context_assembler.settings import Settings
 from tests.deploy import helm, kustomize

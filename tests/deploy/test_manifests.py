@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from bench.memory_bench import LIMIT_MB
-from context_assembler.intake.policies import load_policy
-from context_assembler.kafka.topics import worker_topics
+from context_assembler.intake.policy_registry import load_policy
+from context_assembler.kafka.tools.topics import worker_topics
 from context_assembler.observability.tracing import ENDPOINT_VARIABLE
 from context_assembler.settings import Settings
 from tests.deploy import kustomize

@@ -21,7 +21,7 @@ import yaml
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.codec import Limits
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import HandlerContext, Origin, handle
 from context_assembler.observability.metrics import Metrics
 from tests.factories import EXAMPLES

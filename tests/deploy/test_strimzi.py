@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from context_assembler.cli.main import main
-from context_assembler.kafka.topics import strimzi_kafka_topics, strimzi_resource_name
-from context_assembler.kafka.topics import worker_topics as topic_table
+from context_assembler.kafka.tools.topics import strimzi_kafka_topics, strimzi_resource_name
+from context_assembler.kafka.tools.topics import worker_topics as topic_table
 from context_assembler.settings import Settings
 from tests.deploy import kustomize
 from tests.deploy.kubeconform import strict_schema

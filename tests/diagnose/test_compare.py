@@ -2,7 +2,7 @@ from context_assembler.diagnose.compare import compare, decisions
 from context_assembler.engine import assemble
 from context_assembler.engine.version import __version__
 from context_assembler.intake.codec import encode
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 from tests.factories import example, policy
 
 

@@ -18,7 +18,7 @@ from context_assembler.diagnose.evaluate import (
     truncated,
 )
 from context_assembler.engine.tokens import get_counter
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 from tests.factories import chunk, event
 
 FILLER = " ".join(f"Filler sentence {n} is about the weather." for n in range(10))

@@ -9,7 +9,7 @@ from context_assembler.diagnose.explain import SEED_BUDGETS, sweep
 from context_assembler.engine import assemble
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.codec import encode
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 from tests.factories import example, example_events
 
 ESTIMATED = load_preset("estimated")  # seed 000's rules: characters / 4

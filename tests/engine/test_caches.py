@@ -11,7 +11,7 @@ import pytest
 
 import context_assembler.engine
 from context_assembler.engine import assemble, caches, compress, facts, render, words
-from context_assembler.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache
+from context_assembler.engine.lru import COUNT_ENTRY_BYTES, BoundedCache, SizedCache
 from context_assembler.engine.policy import Policy
 from context_assembler.engine.tokens import TiktokenCounter, get_counter
 from tests.factories import chunk, event

@@ -23,10 +23,10 @@ import pytest
 
 from context_assembler.contract.models import RetrievalResult
 from context_assembler.engine import assemble, caches, facts, focus, words
-from context_assembler.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache, text_key
+from context_assembler.engine.lru import COUNT_ENTRY_BYTES, BoundedCache, SizedCache, text_key
 from context_assembler.engine.policy import Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 from tests.factories import chunk
 
 MAX_RATIO = 20.0  # hostile text may cost this many times benign text of the same size

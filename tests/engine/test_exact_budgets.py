@@ -10,7 +10,7 @@ from context_assembler.contract.models import Message
 from context_assembler.engine import assemble
 from context_assembler.engine.policy import Policy
 from context_assembler.engine.tokens import get_counter
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 from tests.factories import chunk, event
 
 CL100K = get_counter("cl100k_base")

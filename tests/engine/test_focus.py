@@ -28,7 +28,7 @@ from context_assembler.engine.focus import (
 from context_assembler.engine.policy import DedupPolicy, Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter
 from context_assembler.engine.vocabulary import load_encoding
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 from tests.factories import chunk, event
 
 COUNTER = get_counter("cl100k_base")

@@ -25,7 +25,7 @@ from context_assembler.engine.tokens import (
 )
 from context_assembler.intake.codec import Limits, RejectedInput, encode
 from context_assembler.intake.handle import assemble_bytes
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 from tests.engine import trained_tokenizer
 from tests.engine.test_properties import (
     SETTINGS,

@@ -2,7 +2,7 @@ import pytest
 
 from context_assembler.engine.errors import PolicyError
 from context_assembler.engine.policy import Policy, policy_from_mapping
-from context_assembler.intake.policies import (
+from context_assembler.intake.policy_registry import (
     PolicyRegistry,
     build_registry,
     load_policy,

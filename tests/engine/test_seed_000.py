@@ -20,7 +20,7 @@ from context_assembler.diagnose.explain import SEED_BUDGETS, sweep
 from context_assembler.engine import assemble
 from context_assembler.engine.policy import Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 from tests.factories import chunk, event, example
 
 ESTIMATED = load_preset("estimated")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from context_assembler.engine import assemble
-from context_assembler.intake.policies import load_preset
+from context_assembler.intake.policy_registry import load_preset
 from tests.engine.test_dedup import SEED_002_EXAMPLE_2, SEED_004_ROWS
 from tests.factories import chunk, event
 

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from context_assembler.engine import vocabulary
-from context_assembler.engine.cache import BoundedCache
 from context_assembler.engine.errors import VocabularyUnavailable
+from context_assembler.engine.lru import BoundedCache
 from context_assembler.engine.tokens import (
     CharsPerFour,
     TiktokenCounter,

@@ -25,7 +25,7 @@ from context_assembler.contract.models import RetrievalResult
 from context_assembler.engine import assemble
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.engine.version import __version__
-from context_assembler.intake.policies import load_preset, preset_names
+from context_assembler.intake.policy_registry import load_preset, preset_names
 
 HERE = Path(__file__).parent
 RECORDED = HERE / "fingerprints.json"

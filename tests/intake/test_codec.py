@@ -23,7 +23,7 @@ from context_assembler.intake.codec import (
     encode,
     encode_error_record,
 )
-from context_assembler.intake.policies import load_policy
+from context_assembler.intake.policy_registry import load_policy
 
 
 def reject(raw: bytes | Excerpt, limits: Limits | None = None) -> RejectedInput:

@@ -11,7 +11,7 @@ from context_assembler.engine import Policy, assemble, policy_from_mapping
 from context_assembler.intake import handle
 from context_assembler.intake.codec import Limits, RejectedInput, encode
 from context_assembler.intake.handle import assemble_bytes, resolve_policy
-from context_assembler.intake.policies import PolicyRegistry, load_preset
+from context_assembler.intake.policy_registry import PolicyRegistry, load_preset
 from tests.factories import EXAMPLES
 
 GOOD = (EXAMPLES / "events.jsonl").read_bytes().splitlines()

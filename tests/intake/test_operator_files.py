@@ -15,7 +15,7 @@ from context_assembler.cli.main import main
 from context_assembler.engine.errors import PolicyError
 from context_assembler.engine.operator_files import OperatorFileError, read_operator_file
 from context_assembler.engine.policy import LARGEST_COUNT, policy_from_mapping
-from context_assembler.intake.policies import build_registry, load_policy
+from context_assembler.intake.policy_registry import build_registry, load_policy
 from tests.engine import trained_tokenizer
 from tests.factories import EXAMPLES
 
@@ -197,7 +197,7 @@ def test_a_tokenizer_without_an_unknown_token_is_refused_at_load(
 
 def test_the_worker_refuses_to_start_under_such_a_tokenizer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from context_assembler.kafka import run
+    from context_assembler.kafka.runtime import worker as run
     from context_assembler.observability import logs
     from context_assembler.settings import Settings
 

@@ -15,7 +15,7 @@ from context_assembler.cli.main import main
 from context_assembler.contract.models import RetrievalResult
 from context_assembler.engine import assemble
 from context_assembler.engine.errors import ContextAssemblerError, PolicyError
-from context_assembler.intake.policies import build_registry, load_policy
+from context_assembler.intake.policy_registry import build_registry, load_policy
 from tests.engine import trained_tokenizer
 from tests.factories import EXAMPLES, example_events
 
@@ -120,7 +120,7 @@ def test_the_cli_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_the_worker_exits_before_joining(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          caplog: pytest.LogCaptureFixture) -> None:
-    from context_assembler.kafka import run
+    from context_assembler.kafka.runtime import worker as run
     from context_assembler.observability import logs
     from context_assembler.settings import Settings
 

@@ -4,7 +4,7 @@ faust-streaming 0.15.3 with processing_guarantee="exactly_once", killed with SIG
 mid-stream and restarted, publishes records that a read_committed reader sees twice
 (faust-streaming #517; in the first run 205 duplicates for 2,000 inputs). The worker's
 exactly_once path is therefore built on aiokafka's transactional producer
-(worker/context_assembler/kafka/transactional.py), and test_delivery_conformance.py's
+(worker/context_assembler/kafka/runtime/transactional.py), and test_delivery_conformance.py's
 SIGKILL test holds it to zero duplicates. If this test starts failing, faust may have fixed the bug: reconsider.
 """
 

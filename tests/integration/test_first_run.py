@@ -20,7 +20,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from context_assembler.kafka.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
+from context_assembler.kafka.tools.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
 from context_assembler.settings import Settings
 from tests.support.broker import Broker
 from tests.support.doc_blocks import (
@@ -147,7 +147,7 @@ def test_a_worker_without_its_topics_says_why_it_is_not_ready(
     assert b"\x1b" not in output
     entries = [json.loads(line) for line in output.splitlines()]  # every line is JSON
     about_input = [e for e in entries
-                   if e["logger"] == "context_assembler.kafka.topics" and e.get("topic") == topics.input]
+                   if e["logger"] == "context_assembler.kafka.tools.topics" and e.get("topic") == topics.input]
     assert [e["message"] for e in about_input] == [
         f"topic {topics.input} does not exist; {CREATE}"]
     assert faust_dirs(temp) == []

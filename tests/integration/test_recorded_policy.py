@@ -13,7 +13,7 @@ import pytest
 
 from context_assembler.cli.main import main
 from context_assembler.engine.version import __version__
-from context_assembler.intake.policies import build_registry
+from context_assembler.intake.policy_registry import build_registry
 from tests.support.broker import Broker
 from tests.support.worker import (
     ALLOWED_POLICIES,

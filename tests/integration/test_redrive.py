@@ -12,7 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from context_assembler.cli.main import main
 from context_assembler.kafka.records import header
-from context_assembler.kafka.redrive import REDRIVES
+from context_assembler.kafka.tools.redrive import REDRIVES
 from tests.factories import naming_policy
 from tests.support.broker import Broker
 from tests.support.worker import (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from context_assembler.kafka.acls import Acl, worker_acls
+from context_assembler.kafka.tools.acls import Acl, worker_acls
 from context_assembler.settings import Settings
 from tests.support.secured_broker import ASSEMBLER, MTLS_CN, SecuredBroker, unsigned_token
 from tests.support.worker import (

@@ -5,7 +5,7 @@ aiokafka commits a transaction's offsets without the group's generation (no KIP-
 group cannot stop the zombie; the per-partition transactional ids do (the new owner's producer
 fences the zombie's). Whatever the exact timing of the pause, read_committed readers must see
 every request answered exactly once; the zombie's log says when it was fenced. (The fence
-itself, deterministically: tests/kafka/test_transactional.py.)
+itself, deterministically: tests/kafka/runtime/test_transactional.py.)
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from context_assembler.engine.policy import Policy
-from context_assembler.intake.policies import PolicyRegistry
-from context_assembler.kafka import runner as runner_module
-from context_assembler.kafka.runner import EventRunner
+from context_assembler.intake.policy_registry import PolicyRegistry
+from context_assembler.kafka.runtime import runner as runner_module
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
 

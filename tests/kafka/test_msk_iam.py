@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 import faust
 import pytest
 
-from context_assembler.kafka.connection import connection_problem, kafka_security
+from context_assembler.kafka.clients import connection_problem, kafka_security
 from context_assembler.kafka.msk_iam import (
     REFRESH_BEFORE_EXPIRY_SECONDS,
     MskIamError,
@@ -233,7 +233,7 @@ def test_without_the_extra_the_setting_says_how_to_install_it(
 def test_a_refused_token_points_at_the_iam_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     from aiokafka.errors import SaslAuthenticationFailed
 
-    import context_assembler.kafka.connection as connection
+    import context_assembler.kafka.clients as connection
 
     async def refuse(*_: object, **__: object) -> None:
         raise SaslAuthenticationFailed("denied")

@@ -13,7 +13,7 @@ from context_assembler.contract.models import RejectReason, RetrievalResult
 from context_assembler.engine import assemble
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.codec import Limits, RejectedInput, encode
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import (
     ERR,
     MESSAGE_KEPT_BYTES,

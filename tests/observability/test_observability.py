@@ -7,7 +7,7 @@ import pytest
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.codec import Limits
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import HandlerContext, Origin, handle
 from context_assembler.observability.http import HealthServer, ListenError
 from context_assembler.observability.logs import JsonFormatter

@@ -27,7 +27,7 @@ from context_assembler.engine import Assembly
 from context_assembler.filemode import BOM
 from context_assembler.intake.codec import Limits
 from context_assembler.intake.handle import assemble_bytes
-from context_assembler.intake.policies import PolicyRegistry, build_registry
+from context_assembler.intake.policy_registry import PolicyRegistry, build_registry
 from context_assembler.observability.tracing import Tracing
 from context_assembler.serve.app import JSON, MESSAGE_CHARS, QUOTED_CHARS, Server, Service, body
 from tests.factories import EXAMPLES

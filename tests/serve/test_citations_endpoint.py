@@ -14,7 +14,7 @@ import context_assembler as ca
 from context_assembler.contract.generate import openapi
 from context_assembler.engine.policy import policy_from_mapping
 from context_assembler.intake.codec import encode
-from context_assembler.intake.policies import build_registry
+from context_assembler.intake.policy_registry import build_registry
 from context_assembler.serve.app import CITATIONS_PATH, JSON, Server, Service
 from tests.factories import example
 from tests.serve.test_app import LIMITS

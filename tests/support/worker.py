@@ -25,7 +25,7 @@ from aiokafka.structs import ConsumerRecord
 
 from context_assembler import filemode
 from context_assembler.intake.codec import Limits
-from context_assembler.intake.policies import build_registry
+from context_assembler.intake.policy_registry import build_registry
 from tests.factories import EXAMPLES
 from tests.support.broker import Broker
 

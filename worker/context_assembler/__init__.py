@@ -34,7 +34,7 @@ from context_assembler.engine import (
 from context_assembler.engine.citations import check_citations
 from context_assembler.engine.errors import UnreadableAnswer
 from context_assembler.engine.version import __version__
-from context_assembler.intake.policies import load_policy, preset_names
+from context_assembler.intake.policy_registry import load_policy, preset_names
 
 __all__ = [
     "AssembledPrompt",

@@ -31,8 +31,8 @@ from context_assembler.intake.codec import (
     encode_error_record,
 )
 from context_assembler.intake.handle import assemble_bytes
-from context_assembler.intake.policies import PolicyRegistry
-from context_assembler.intake.recorded import record_bytes, registry_policies
+from context_assembler.intake.policy_registry import PolicyRegistry
+from context_assembler.intake.recorded_policies import record_bytes, registry_policies
 
 BOM: Final = b"\xef\xbb\xbf"
 _SKIP_CHUNK: Final = 1 << 16  # an over-long line is consumed this many bytes at a time

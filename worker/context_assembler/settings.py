@@ -332,7 +332,7 @@ class Settings(BaseSettings):
         description="Seconds a connection may wait for a complete request head, idle or slow, "
         "before it is closed; behind a load balancer, set it above the balancer's idle timeout.")
     # Connecting to a secured cluster (docs/secured-cluster.md): every Kafka client of the
-    # worker and of the CLI is built from these (context_assembler.kafka.connection). No
+    # worker and of the CLI is built from these (context_assembler.kafka.clients). No
     # flags: a secret on a command line is visible to every user of the machine.
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", description="How the Kafka clients connect.")

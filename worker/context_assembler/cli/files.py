@@ -44,8 +44,12 @@ from context_assembler.engine import Policy, assemble
 from context_assembler.intake import citations
 from context_assembler.intake.codec import Excerpt, Limits, RejectedInput, decode_event, encode
 from context_assembler.intake.handle import resolve_policy
-from context_assembler.intake.policies import PolicyRegistry, build_registry, load_policy
-from context_assembler.intake.recorded import RecordedPolicies, differences, read_records_file
+from context_assembler.intake.policy_registry import PolicyRegistry, build_registry, load_policy
+from context_assembler.intake.recorded_policies import (
+    RecordedPolicies,
+    differences,
+    read_records_file,
+)
 from context_assembler.settings import Settings
 
 

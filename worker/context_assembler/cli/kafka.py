@@ -26,13 +26,13 @@ from context_assembler.diagnose.explain import UnusableInput, decision_table, pr
 from context_assembler.engine import Policy
 from context_assembler.filemode import read_lines
 from context_assembler.intake.codec import Excerpt, RejectedInput, decode_event
-from context_assembler.intake.policies import (
+from context_assembler.intake.policy_registry import (
     PolicyRegistry,
     build_registry,
     load_preset,
     preset_names,
 )
-from context_assembler.intake.recorded import (
+from context_assembler.intake.recorded_policies import (
     PolicyNotRecorded,
     RecordedPolicies,
     not_defaults,
@@ -41,13 +41,13 @@ from context_assembler.intake.recorded import (
 from context_assembler.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
-    from context_assembler.kafka.replay.replay import ReplayReport, ReplayRequest
-    from context_assembler.kafka.tail import Answers
+    from context_assembler.kafka.tools.replay.replay import ReplayReport, ReplayRequest
+    from context_assembler.kafka.tools.tail import Answers
 
 
 @command
 def cmd_worker(_: argparse.Namespace, settings: Settings) -> int:
-    from context_assembler.kafka.run import run_worker
+    from context_assembler.kafka.runtime.worker import run_worker
 
     return run_worker(settings)
 
@@ -55,7 +55,7 @@ def cmd_worker(_: argparse.Namespace, settings: Settings) -> int:
 @command
 def cmd_acls(args: argparse.Namespace, settings: Settings) -> int:
     """acls --principal User:NAME: what to grant, printed; nothing is sent to the broker."""
-    from context_assembler.kafka.acls import (
+    from context_assembler.kafka.tools.acls import (
         kafka_acls_commands,
         principal_problem,
         strimzi_kafka_user,
@@ -99,7 +99,7 @@ def topic_sizes(args: argparse.Namespace) -> tuple[int, int]:
 @command
 def cmd_topics_print(args: argparse.Namespace, settings: Settings) -> int:
     """topics [--format strimzi]: the topics `topics create` would create, printed."""
-    from context_assembler.kafka.topics import (
+    from context_assembler.kafka.tools.topics import (
         kafka_topics_commands,
         strimzi_kafka_topics,
         worker_topics,
@@ -119,8 +119,8 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     one exists with other partitions, replication or configs (reported, left as it is)."""
     import asyncio
 
-    from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.topics import create_topics, worker_topics
+    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.tools.topics import create_topics, worker_topics
 
     quiet_kafka_client(settings)
     specs = worker_topics(settings, *topic_sizes(args))
@@ -137,7 +137,7 @@ def cmd_schemas_register(args: argparse.Namespace, settings: Settings) -> int:
     subjects, 1 when a subject refuses one as incompatible (then none is registered)."""
     import asyncio
 
-    from context_assembler.kafka.registry import (
+    from context_assembler.kafka.schema_registry import (
         Incompatible,
         RegistryUnavailable,
         SchemaRegistry,
@@ -172,10 +172,10 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     letter (1 if some have neither after --timeout)."""
     import asyncio
 
-    from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.produce import produce
-    from context_assembler.kafka.reader import TopicReader
-    from context_assembler.kafka.tail import output_ends, wait_for_answers
+    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.tools.produce import produce
+    from context_assembler.kafka.tools.reader import TopicReader
+    from context_assembler.kafka.tools.tail import output_ends, wait_for_answers
 
     quiet_kafka_client(settings)
     servers, topic = settings.bootstrap_servers, settings.input_topic
@@ -241,9 +241,9 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
     --follow, new ones as they come until Ctrl-C."""
     import asyncio
 
-    from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.reader import TopicReader
-    from context_assembler.kafka.tail import tail
+    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.tools.reader import TopicReader
+    from context_assembler.kafka.tools.tail import tail
 
     if args.lines < 0:
         raise UsageError("-n takes a count of records, 0 or more")
@@ -273,7 +273,7 @@ class TopicRange(TypedDict):
 
 def topic_range(args: argparse.Namespace) -> TopicRange:
     """--from, --from-time and --to (`common.add_range`) parsed."""
-    from context_assembler.kafka.reader import is_position, parse_position, parse_time
+    from context_assembler.kafka.tools.reader import is_position, parse_position, parse_time
 
     if args.start and args.from_time:
         raise UsageError("give --from or --from-time, not both")
@@ -290,7 +290,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
     import signal
 
-    from context_assembler.kafka.replay.replay import replay
+    from context_assembler.kafka.tools.replay.replay import replay
 
     request = _replay_request(args, settings)
 
@@ -311,9 +311,9 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
     """What to replay, checked before connecting. replay's --policy is its own option, not
     the policy_file setting's flag: it may say `recorded`, and then the setting is the
     policy of the events without a published prompt."""
-    from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.registry import SchemaRegistry
-    from context_assembler.kafka.replay.replay import ReplayRequest
+    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.schema_registry import SchemaRegistry
+    from context_assembler.kafka.tools.replay.replay import ReplayRequest
 
     span = topic_range(args)
     refuse_overlaps([], {"--out": args.out, "--audit": args.audit, "--errors": args.errors})
@@ -373,8 +373,8 @@ def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedP
     """The policy records of --policies F, else of the policies topic."""
     import asyncio
 
-    from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.policies import fetch_policies
+    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.tools.policies_topic import fetch_policies
 
     if args.policies:
         return read_records_file(args.policies)
@@ -396,10 +396,10 @@ def cmd_redrive(args: argparse.Namespace, settings: Settings) -> int:
     --yes."""
     import asyncio
 
-    from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.reader import TopicReader
-    from context_assembler.kafka.redrive import RedriveReport, RedriveRequest, redrive
-    from context_assembler.kafka.tail import output_ends, wait_for_answers
+    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.tools.reader import TopicReader
+    from context_assembler.kafka.tools.redrive import RedriveReport, RedriveRequest, redrive
+    from context_assembler.kafka.tools.tail import output_ends, wait_for_answers
 
     span = topic_range(args)
     if args.yes and args.dry_run:
@@ -450,9 +450,9 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     """explain REQUEST_ID --kafka: its latest audit on the audit topic, and its input."""
     import asyncio
 
-    from context_assembler.kafka.connection import kafka_security
-    from context_assembler.kafka.reader import RangeError, parse_time
-    from context_assembler.kafka.replay.replay import find_recorded
+    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.tools.reader import RangeError, parse_time
+    from context_assembler.kafka.tools.replay.replay import find_recorded
 
     if args.request_id is None:
         raise UsageError("explain --kafka needs a REQUEST_ID")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from context_assembler.cli.common import command, note
 from context_assembler.collector import collect_less
-from context_assembler.intake.policies import build_registry
+from context_assembler.intake.policy_registry import build_registry
 from context_assembler.settings import Settings
 
 if TYPE_CHECKING:

@@ -117,7 +117,7 @@ REQUEST_ID_KEY = {"type": "string", "description": "The request_id, UTF-8."}
 # AsyncAPI's Kafka bindings (github.com/asyncapi/bindings, kafka): the version of their fields.
 KAFKA_BINDING = {"bindingVersion": "0.5.0"}
 # The defaults of the worker's settings and of `context-assembler topics create`; a test
-# (tests/kafka/test_topics.py) checks them against both.
+# (tests/kafka/tools/test_topics.py) checks them against both.
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 DEFAULT_GROUP_ID = "context-assembler"
 DEFAULT_PARTITIONS = 6

@@ -15,8 +15,8 @@ from typing import Any, Final
 from context_assembler.contract.models import Message, RetrievalResult
 from context_assembler.engine import budget as budgets
 from context_assembler.engine import facts, render
-from context_assembler.engine.cache import text_key
 from context_assembler.engine.candidate import Candidate
+from context_assembler.engine.lru import text_key
 from context_assembler.engine.policy import HeaderStyle, Policy, RenderPolicy
 from context_assembler.engine.tokens import EXACT_TOKENIZERS, TokenCounter, get_counter
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
 from weakref import WeakSet
 
-from context_assembler.engine.cache import COUNT_ENTRY_BYTES, BoundedCache, SizedCache
+from context_assembler.engine.lru import COUNT_ENTRY_BYTES, BoundedCache, SizedCache
 
 V = TypeVar("V")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Final, NamedTuple
 
 from context_assembler.contract.models import Chunk, DropReason
-from context_assembler.engine.cache import text_key
 from context_assembler.engine.facts import TextFacts, known, remember_sketch
+from context_assembler.engine.lru import text_key
 from context_assembler.engine.model_access import chunk_document, fields_of, tuple_maker
 from context_assembler.engine.policy import TitleLineRule
 from context_assembler.engine.words import Sketch, chunk_sketch, is_cached, left_out

@@ -25,7 +25,7 @@ from context_assembler.engine import caches
 from context_assembler.engine.words import Sketch
 
 if TYPE_CHECKING:
-    from context_assembler.engine.cache import SizedCache
+    from context_assembler.engine.lru import SizedCache
 
 MAX_VARIANTS: Final = 4  # answers of each kind per text: a few documents sharing it
 # An entry's own cost besides its answers: its 128-bit int key, the TextFacts tuple and its

@@ -38,10 +38,10 @@ from typing import Final
 
 from context_assembler.contract.models import DropReason
 from context_assembler.engine import caches
-from context_assembler.engine.cache import SizedCache
 from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.compress import ELISION
 from context_assembler.engine.dedup import CopyDetector
+from context_assembler.engine.lru import SizedCache
 from context_assembler.engine.render import neutralise
 from context_assembler.engine.words import words
 

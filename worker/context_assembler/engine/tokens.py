@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NewType, Protocol
 
 from context_assembler.engine import caches, vocabulary
-from context_assembler.engine.cache import BoundedCache, text_key
 from context_assembler.engine.errors import VocabularyUnavailable
+from context_assembler.engine.lru import BoundedCache, text_key
 from context_assembler.engine.specials import SpecialTokens
 
 if TYPE_CHECKING:  # imported where a vocabulary is loaded, on first use

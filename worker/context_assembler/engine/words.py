@@ -25,7 +25,7 @@ from typing import Final, Literal, NamedTuple
 
 from context_assembler.contract.models import Chunk
 from context_assembler.engine import caches
-from context_assembler.engine.cache import SizedCache
+from context_assembler.engine.lru import SizedCache
 from context_assembler.engine.policy import TitleLineRule
 
 WORD = re.compile(r"\w+")

@@ -14,7 +14,7 @@ from context_assembler.contract.models import RejectReason, RetrievalResult
 from context_assembler.engine import Assembly, Policy, assemble
 from context_assembler.engine.errors import PolicyError, PromptTooLarge, SpecialTokenInId
 from context_assembler.intake.codec import Check, Excerpt, Limits, RejectedInput, decode_event
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 
 
 def assemble_bytes(

@@ -22,7 +22,7 @@ from context_assembler.engine import Assembly
 from context_assembler.intake.codec import Check, Limits, RejectedInput, encode
 from context_assembler.intake.framing import Resolved, UnknownSchema, frame, split
 from context_assembler.intake.handle import assemble_bytes
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.observability.traceparent import valid_traceparent_header
 from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, Settings
 

@@ -42,7 +42,7 @@ class Demoted(logging.Filter):
 # dead: every first start of a fresh broker says so while it creates its offsets topic, and
 # aiokafka retries; a coordinator that stays away shows on /ready (no partitions assigned).
 # A bootstrap server that does not answer: an ERROR every 1-5 s, where the worker's own line
-# (context_assembler.kafka.topics.unreachable) names the setting, once.
+# (context_assembler.kafka.tools.topics.unreachable) names the setting, once.
 DEMOTED = {
     "aiokafka.consumer.group_coordinator": ("GroupCoordinatorNotAvailableError",
                                             "Marking the coordinator dead"),

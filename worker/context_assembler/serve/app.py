@@ -43,7 +43,7 @@ from context_assembler.filemode import BOM
 from context_assembler.intake import citations
 from context_assembler.intake.codec import Limits, RejectedInput, encode
 from context_assembler.intake.handle import assemble_bytes
-from context_assembler.intake.policies import PolicyRegistry
+from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.observability.metrics import Metrics
 from context_assembler.observability.traceparent import valid_traceparent
 from context_assembler.observability.tracing import Tracing

@@ -1,0 +1,1 @@
+"""The worker: consume, assemble, publish, commit, under either delivery guarantee."""

@@ -1,0 +1,312 @@
+"""The delivery core both runtimes drive: what is in flight, what may be committed, when.
+
+A runtime (faust for at_least_once, aiokafka's transactions for exactly_once) reads events,
+sends records and commits offsets; the rules of when are here, written and tested once:
+
+- `InOrder`: the events read and not yet committed, per input partition, in read order. An
+  offset may be committed only once its event and every event read before it on its
+  partition are settled (delivered): a later event delivered first waits for the earlier.
+  A revoked partition hands over what was settled and forgets the rest, which its next
+  owner redoes.
+- `batches` and `next_batch`: events go to the engine in batches of at most ENGINE_BATCH
+  events and ENGINE_BATCH_BYTES of input.
+- `CommitRounds`: commits run one at a time; a round takes everything that became
+  committable before it began, so commits never overlap and never wait for later work, and
+  starts no sooner than the commit interval after the previous one started.
+- `hand_over`: a revoked partition is given up once its deliveries under way ended, or after
+  a bound (the session timeout), so that its next owner reads from what they committed.
+- `Delivery`: at-least-once delivery over a `Runtime` (send, acknowledge, commit): each batch
+  delivered as one task of the runner (retried, dead-lettered, cancelled on stop within the
+  grace period), acknowledged in order, committed in rounds, handed over on revocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from context_assembler.kafka.records import Origin, Outcome, OutRecord
+from context_assembler.kafka.runtime.runner import ENGINE_BATCH, EventRunner, Stopped
+
+log = logging.getLogger(__name__)
+# Input bytes handed to the engine in one trip, at most: 64 events of 1 MiB would hold the
+# event loop's deliveries back for the whole trip.
+ENGINE_BATCH_BYTES = 4 * 1024 * 1024
+Partition = tuple[str, int]  # an input topic and partition
+T = TypeVar("T")
+Event = TypeVar("Event", contravariant=True)  # a runtime's handle on an event read
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class Entry(Generic[T]):
+    """One event read: where it came from, the runtime's handle on it, whether delivered."""
+
+    partition: Partition
+    offset: int
+    token: T
+    settled: bool = False
+
+
+class InOrder(Generic[T]):
+    """The events read and not yet committable, per input partition, in read order."""
+
+    def __init__(self) -> None:
+        self._partitions: dict[Partition, deque[Entry[T]]] = {}
+
+    def read(self, origin: Origin, token: T) -> Entry[T]:
+        """Track an event read; it stays in flight until `settle`d."""
+        entry = Entry((origin.topic, origin.partition), origin.offset, token)
+        self._partitions.setdefault(entry.partition, deque()).append(entry)
+        return entry
+
+    def settle(self, entries: Iterable[Entry[T]]) -> None:
+        """The entries' events were delivered (an entry of a revoked partition is ignored)."""
+        for entry in entries:
+            entry.settled = True
+
+    def take_settled(self) -> list[Entry[T]]:
+        """The entries that became committable, in read order per partition: each partition's
+        settled entries up to its first unsettled one. They are no longer tracked."""
+        taken = []
+        for entries in self._partitions.values():
+            while entries and entries[0].settled:
+                taken.append(entries.popleft())
+        return taken
+
+    def revoke(self, partitions: Iterable[Partition]) -> list[Entry[T]]:
+        """Forget the partitions: their committable entries are returned, for a last commit;
+        the others are never committed here, and their next owner redoes them."""
+        taken = []
+        for partition in partitions:
+            entries = self._partitions.pop(partition, deque())
+            while entries and entries[0].settled:
+                taken.append(entries.popleft())
+            if entries:
+                log.info("%s/%d handed over with %d events undelivered here, from offset %d: "
+                         "its next owner redoes them", *partition, len(entries), entries[0].offset)
+        return taken
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(entries) for entries in self._partitions.values())
+
+
+def batches(events: Sequence[tuple[bytes, Origin]]) -> Iterator[Sequence[tuple[bytes, Origin]]]:
+    """The events in engine batches, in order: each ends at ENGINE_BATCH events or at the
+    event that brings its input to ENGINE_BATCH_BYTES, whichever comes first."""
+    start = 0
+    while start < len(events):
+        end, size = start, 0
+        while end < len(events) and end - start < ENGINE_BATCH and size < ENGINE_BATCH_BYTES:
+            size += len(events[end][0])
+            end += 1
+        yield events[start:end]
+        start = end
+
+
+async def next_batch(arrived: asyncio.Queue[T | None], size: Callable[[T], int]) -> list[T] | None:
+    """The events that arrived while the last batch was handled, as `batches` cuts them (at
+    least one, waiting for it), or None once reading ended (signalled by None): what was read
+    but not handled stays uncommitted. No timer: a batch never waits for more events than
+    are there."""
+    event = await arrived.get()
+    events: list[T] = []
+    total = 0
+    while event is not None:
+        events.append(event)
+        total += size(event)
+        if len(events) >= ENGINE_BATCH or total >= ENGINE_BATCH_BYTES or arrived.empty():
+            return events
+        event = arrived.get_nowait()
+    return None
+
+
+class CommitRounds(Generic[R]):
+    """Runs `commit` one round at a time, each round answering every request made before it
+    began. A round starts no sooner than `interval` seconds after the previous one started,
+    so requests in between share one round; one that took longer is followed at once, so
+    under load nothing waits for the interval."""
+
+    def __init__(
+        self, commit: Callable[[], Awaitable[R]], interval: float = 0.0,
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = asyncio.create_task,
+    ) -> None:
+        """`spawn`: runs the rounds as a task (the runner's, for stopping to cancel it)."""
+        self._commit = commit
+        self._interval = interval
+        self._spawn = spawn
+        self._next: asyncio.Future[R] | None = None  # the next round's outcome
+        self._rounds: asyncio.Task[None] | None = None
+        self._last_start = -math.inf  # the event loop's clock
+
+    def request(self) -> asyncio.Future[R]:
+        """A round will begin after this; its outcome, or its error. Cancelling the
+        future returned does not cancel the round: other requests share it."""
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        if self._rounds is None or self._rounds.done():
+            self._rounds = self._spawn(self._run())
+        return self._next
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._next is not None:
+                wait = self._last_start + self._interval - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._last_start = loop.time()
+                answered, self._next = self._next, None
+                try:
+                    result = await self._commit()
+                except BaseException as error:
+                    _fail(answered, error)
+                    raise
+                if not answered.done():
+                    answered.set_result(result)
+        except BaseException as error:
+            if self._next is not None:
+                _fail(self._next, error)
+                self._next = None
+            raise
+
+    async def close(self) -> None:
+        """Cancel the rounds; a round in progress ends as its commit does on cancellation."""
+        if self._rounds is not None:
+            self._rounds.cancel()
+            await asyncio.gather(self._rounds, return_exceptions=True)
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    """End `future` as `error` ended what it stood for."""
+    if future.done():
+        return
+    if isinstance(error, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(error)
+
+
+async def hand_over(under_way: Callable[[], set[asyncio.Task[Any]]], within: float) -> None:
+    """Wait for the deliveries `under_way` names to end, `within` seconds at most, before
+    revoked partitions are given up: their next owner reads from what those commit. One
+    stuck past that (on a failing broker) ends by its own error path, uncommitted, and its
+    events are redone by the next owner."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while pending := under_way():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            log.warning("giving partitions up with %d deliveries still under way after %.0fs; "
+                        "their next owner redoes what those do not commit", len(pending), within)
+            return
+        await asyncio.wait(pending, timeout=remaining)
+
+
+class Runtime(Protocol[Event]):
+    """What at-least-once delivery needs of a Kafka client stack."""
+
+    async def send(self, origin: Origin, record: OutRecord) -> Awaitable[object]:
+        """Hand a record of the event at `origin` to the producer; the awaitable is done once
+        the broker acknowledged it (or failed with the reason it did not)."""
+
+    async def send_alone(self, origin: Origin, record: OutRecord) -> object:
+        """Send a record in a producer batch of its own (`EventRunner.retry_forever`)."""
+
+    def acknowledge(self, events: Sequence[Event]) -> None:
+        """The events, in read order per partition, may be committed."""
+
+    async def commit(self) -> object:
+        """Commit what was acknowledged."""
+
+
+class Delivery(Generic[T]):
+    """At-least-once delivery: batches delivered concurrently, acknowledged and committed
+    strictly in input order per partition, at most `max_in_flight` events unacknowledged."""
+
+    def __init__(self, runner: EventRunner, runtime: Runtime[T], max_in_flight: int,
+                 commit_interval: float) -> None:
+        self.runner = runner
+        self._runtime = runtime
+        self._ledger: InOrder[T] = InOrder()
+        self._room = asyncio.Semaphore(max_in_flight)
+        self.in_flight = 0  # events read past `room` and not yet acknowledged or forgotten
+        self._rounds: CommitRounds[object] = CommitRounds(runtime.commit, commit_interval)
+        self._deliveries: dict[asyncio.Task[None], set[Partition]] = {}  # running
+
+    async def room(self) -> None:
+        """Wait until one more event may be read: fewer than max_in_flight are in flight."""
+        await self._room.acquire()
+        self.in_flight += 1
+
+    def read(self, events: Sequence[tuple[Origin, T]]) -> list[Entry[T]]:
+        """Track the events read, in order, each after its `room`; they are in flight until
+        acknowledged or handed over."""
+        return [self._ledger.read(origin, token) for origin, token in events]
+
+    def deliver(self, entries: list[Entry[T]],
+                events: Sequence[tuple[bytes, Origin, Outcome]]) -> asyncio.Task[None]:
+        """Deliver the events' outcomes as one task of the runner (cancelled on stop once half
+        the grace period is over); once all are acknowledged by the broker, the events that
+        became committable are acknowledged to the runtime and a commit is requested."""
+        task = self.runner.spawn(self.runner.deliver_all(
+            events, self._runtime.send, self._runtime.send_alone))
+        self._deliveries[task] = {entry.partition for entry in entries}
+        task.add_done_callback(lambda done: self._delivered(done, entries))
+        return task
+
+    def _delivered(self, task: asyncio.Task[None], entries: list[Entry[T]]) -> None:
+        del self._deliveries[task]
+        if task.cancelled():
+            return  # stopping: never acknowledged, redone by the partitions' next owner
+        error = task.exception()
+        if error is not None:
+            if not isinstance(error, Stopped):
+                log.error("delivery failed; no later event of its partitions is acknowledged: "
+                          "%r", error, exc_info=error)
+            return
+        self._ledger.settle(entries)
+        self._acknowledge(self._ledger.take_settled())
+
+    def _acknowledge(self, entries: list[Entry[T]]) -> None:
+        if not entries:
+            return
+        self._runtime.acknowledge([entry.token for entry in entries])
+        for _ in entries:
+            self._room.release()
+            self.in_flight -= 1
+        if not self.runner.stopping.is_set():  # then the last commit is `stop`'s
+            self._rounds.request()
+
+    async def revoke(self, partitions: Iterable[Partition], within: float) -> None:
+        """Hand the partitions over: wait for their deliveries under way (`hand_over`), then
+        acknowledge and commit what was delivered of them; what was not is never
+        acknowledged here, and their next owner redoes it."""
+        revoked = set(partitions)
+        under_way = {task for task, touched in self._deliveries.items() if touched & revoked}
+        await hand_over(lambda: {task for task in under_way if not task.done()}, within)
+        before = self._ledger.in_flight
+        delivered = self._ledger.revoke(revoked)
+        for _ in range(before - self._ledger.in_flight - len(delivered)):
+            self._room.release()  # undelivered, forgotten: no longer in flight here
+            self.in_flight -= 1
+        self._acknowledge(delivered)
+        await self._runtime.commit()
+
+    async def stop(self) -> None:
+        """Stop the runner's retries, and once the deliveries ended (delivered, or cancelled
+        after half the grace period): commit every event delivered. What is left is redone
+        by the partitions' next owner."""
+        self.runner.stop()
+        await self.runner.drained()
+        await self._rounds.close()
+        await self._runtime.commit()
+
+    async def close(self) -> None:
+        await self._rounds.close()

@@ -1,0 +1,452 @@
+"""At-least-once delivery on faust-streaming: faust's side of `delivery.Delivery`.
+
+An input offset may be committed only after the prompt and the audit (or the dead letter)
+are acknowledged by the broker. faust commits what was acked; it acks an event when its
+agent moves on or raises (faust-streaming #315), and with concurrency > 1 it can commit
+past an event still in flight (#606). So the agent reads a manual-ack stream (`noack`),
+never raises for one event (bad input is an outcome, a failed send is retried until it is
+acknowledged), and leaves acks and commits to the delivery core: in input order per
+partition, in commit rounds at least the commit interval apart (ASSEMBLER_COMMIT_INTERVAL_MS,
+30 ms unless set), so a kill -9 redoes only what was delivered during that interval and a
+commit round trip (faust's 1 s timer redid up to a second of events, each a duplicate LLM
+call downstream).
+
+The events that arrived while the last batch was assembled go to the engine in one call
+(`delivery.next_batch`) and are delivered as one task, their records handed to faust's
+producer at once to share its batches (1 MiB, 5 ms linger). A record the broker refuses as
+too large may only have shared a batch over the topic's limit: it is sent again alone
+(`_LoneProducer`).
+
+faust's consumer feeds the agent's stream as fast as the engine reads it: a message handed
+over to the stream is raced against a rebalance only when it has to wait for room
+(`_Consumer.wait_first`), and a full stream holds the fetching back instead of stopping it
+for a nap of a second (`_Consumer.on_buffer_full`).
+
+The faust internals this adapter relies on, each marked "faust-streaming 0.15.3" where it
+is used, are checked to exist by tests/kafka/runtime/test_faust_app.py, so an upgrade that drops
+one fails there first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from typing import Any, Generic, TypeVar, cast
+
+import faust
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import UnsupportedCodecError
+from faust.tables import TableManager
+from faust.transport.consumer import RecordMap
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, EventT
+from faust.types.transports import TransportT
+from mode.services import WaitResults
+
+from context_assembler.collector import collect_less
+from context_assembler.kafka.batches import read_ahead, record_bytes
+from context_assembler.kafka.clients import kafka_security
+from context_assembler.kafka.records import Origin, OutRecord, value_of
+from context_assembler.kafka.runtime.delivery import Delivery, next_batch
+from context_assembler.kafka.runtime.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
+from context_assembler.kafka.runtime.runner import (
+    ENGINE_BATCH,
+    PRODUCER_LINGER_MS,
+    EventRunner,
+    Stopped,
+)
+from context_assembler.settings import Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# The services subclassed here log their own start and stop ("[^--_Consumer]: Starting...",
+# a dozen lines a run) under the module of the subclass; under faust's name they are as quiet
+# as faust's other services (observability.logs), and this module's lines are ours alone.
+SERVICE_LOG = logging.getLogger("faust.services")
+
+MAX_IN_FLIGHT = 200
+# How long the consumer thread waits before it asks again while the read-ahead is full.
+READ_AHEAD_WAIT_SECONDS = 0.005
+# Events faust reads ahead of the agent, at most: a message handed over to a full stream
+# waits for room (`_Consumer.on_buffer_full`). faust's default, 4,096, fetched a 3,000-event
+# backlog of 53 KB events whole, 160 MB, before the first was assembled. Eight engine batches.
+STREAM_BUFFER_EVENTS = 8 * ENGINE_BATCH
+# aiokafka's default: a send to a missing topic fails (and is logged) after this long,
+# where faust's default (20 minutes) would hang silently.
+REQUEST_TIMEOUT_SECONDS = 40.0
+# faust's timer commit; only a backstop now, commits follow deliveries (`Delivery`) at the
+# commit interval (a commit per ack cost about 15 % of the throughput on 2 cores).
+COMMIT_INTERVAL_SECONDS = 1.0
+# False: only the timer commits, as before (bench.interval_commits measures against it).
+COMMIT_ON_DELIVERY = True
+
+
+def _app_config(settings: Settings, runner: EventRunner, datadir: str) -> dict[str, Any]:
+    """faust's settings for this app: `datadir` is a directory faust insists on, though this
+    app keeps no state there; the caller removes it at exit."""
+    servers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
+    return dict(
+        broker=servers,
+        broker_credentials=kafka_security(settings).faust_credentials(),
+        key_serializer="raw",
+        value_serializer="raw",
+        processing_guarantee="at_least_once",
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        producer_max_request_size=settings.max_message_bytes,
+        producer_request_timeout=REQUEST_TIMEOUT_SECONDS,
+        producer_max_batch_size=runner.batch_bytes,
+        producer_linger=PRODUCER_LINGER_MS / 1000,
+        producer_compression_type=settings.producer_compression,
+        broker_commit_interval=max(COMMIT_INTERVAL_SECONDS, settings.commit_interval_seconds),
+        # A killed replica holds its partitions until this runs out (faust's default: 60 s).
+        broker_session_timeout=settings.session_timeout_seconds,
+        broker_heartbeat_interval=HEARTBEAT_INTERVAL_SECONDS,  # a rebalance heard within 1 s
+        consumer_group_instance_id=settings.group_instance_id,  # static membership if set
+        topic_disable_leader=True,  # no extra "<app>-__assignor-__leader" topic
+        # No tables, so no standbys. faust's default (1) also keeps its sticky assignor from
+        # taking partitions off a worker holding ceil(partitions / workers): a 4th worker
+        # joining 3 on 6 partitions got none, for good. With 0 it balances to the floor.
+        table_standby_replicas=0,
+        TableManager=_Tableless,
+        topic_allow_declare=False,  # topics are created by operations, not by the worker
+        web_enabled=False,  # our own /metrics, /health, /ready (observability/http.py)
+        # faust would wait, on a rebalance and on stop, for every event it handed out to be
+        # acked, with no bound, and sends failing never end: the delivery core waits instead
+        # (`Delivery.revoke`, `Delivery.stop`), bounded, for what the hand-over needs.
+        stream_wait_empty=False,
+        stream_buffer_maxsize=STREAM_BUFFER_EVENTS,
+        autodiscover=False,
+        datadir=datadir,
+    )
+
+
+def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
+    """The at_least_once worker: one agent reading the input topic in batches for the
+    delivery core."""
+    app = _App(settings.group_id, **_app_config(settings, runner, datadir))
+    app.runner = runner
+    source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
+
+    runtime = _FaustRuntime(app, settings)
+    delivery = app.delivery = Delivery(runner, runtime, MAX_IN_FLIGHT,
+                                        settings.commit_interval_seconds)
+
+    @app.agent(source, concurrency=1)
+    async def assemble(stream: faust.StreamT[bytes]) -> None:
+        collect_less()  # faust, its consumer and producer are up: freeze what they made
+        arrived: asyncio.Queue[EventT[bytes] | None] = asyncio.Queue()  # None: reading ended
+
+        async def read() -> None:
+            try:
+                manual_acks = stream.noack()  # type: ignore[attr-defined]  # on Stream only
+                async for event in manual_acks.events():
+                    await delivery.room()
+                    arrived.put_nowait(event)
+            finally:
+                arrived.put_nowait(None)
+
+        reading = asyncio.create_task(read())
+        try:
+            while (events := await next_batch(arrived, _size)) is not None:
+                read_now = [(Origin.from_record(e.message), e) for e in events]
+                entries = delivery.read(read_now)
+                inputs = [(value_of(e.message), origin) for origin, e in read_now]
+                outcomes = []
+                with contextlib.suppress(Stopped):  # stopped waiting for the schema registry
+                    outcomes = await runner.process_all(inputs)
+                if runner.stopping.is_set():
+                    # Unacked, so never committed, and unpublished, so redone once only:
+                    # wait here until faust cancels the agent.
+                    await asyncio.get_running_loop().create_future()
+                delivery.deliver(entries, [(raw, origin, outcome) for (raw, origin), outcome
+                                           in zip(inputs, outcomes, strict=True)])
+            await reading  # it ended: raise its error, if any
+        finally:
+            reading.cancel()
+            await delivery.close()
+            await runtime.close()
+
+    return app
+
+
+def _size(event: EventT[bytes]) -> int:
+    return len(event.message.value or b"")
+
+
+class _FaustRuntime:
+    """The faust side of `Delivery`: faust's producer sends, acks mark events committable,
+    faust's consumer commits what was acked (only offsets below every unacked one)."""
+
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        self._app = app
+        self._lone = _LoneProducer(settings)
+        self._committing = asyncio.Lock()
+
+    async def send(self, origin: Origin, record: OutRecord) -> Awaitable[object]:
+        return await self._app.producer.send(
+            record.topic, record.key, record.value, None, seconds(origin.timestamp_ms),
+            list(record.headers),
+        )
+
+    async def send_alone(self, origin: Origin, record: OutRecord) -> None:
+        await self._lone.send(origin, record)
+
+    def acknowledge(self, events: Sequence[EventT[bytes]]) -> None:
+        for event in events:
+            event.ack()
+
+    async def commit(self) -> None:
+        """Commit what was acked. Shielded: a commit cancelled midway loses its offsets from
+        faust's books, and every later commit of their partitions with them (a gap faust
+        never closes)."""
+        if COMMIT_ON_DELIVERY:
+            await asyncio.shield(self._commit_after_any_in_progress())
+
+    async def _commit_after_any_in_progress(self) -> None:
+        # faust-streaming 0.15.3: a commit called while another is in progress (faust's
+        # timer's, say) only waits for it, and that one may predate the latest acks.
+        async with self._committing:
+            consumer = cast(faust_aiokafka.Consumer, self._app.consumer)
+            await consumer.maybe_wait_for_commit_to_finish()
+            await consumer.commit()
+
+    async def close(self) -> None:
+        await self._lone.stop()
+
+
+class _LoneProducer:
+    """Sends a record refused as too large once more, in a batch of its own: faust's
+    producer batches records, and the broker refuses a batch over a topic's limit as if
+    its every record were too large (`EventRunner.retry_forever`). Started on first use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._security = kafka_security(settings)
+        self._producer: AIOKafkaProducer | None = None
+        self._starting = asyncio.Lock()
+
+    async def send(self, origin: Origin, record: OutRecord) -> None:
+        async with self._starting:
+            if self._producer is None:
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self._settings.bootstrap_servers, acks="all",
+                    max_batch_size=1,  # no second record fits
+                    max_request_size=self._settings.max_message_bytes,
+                    request_timeout_ms=int(REQUEST_TIMEOUT_SECONDS * 1000),
+                    compression_type=self._settings.producer_compression,
+                    **self._security.client_args(),
+                )
+                try:
+                    await producer.start()
+                except BaseException:
+                    await producer.stop()
+                    raise
+                self._producer = producer
+        await self._producer.send_and_wait(
+            record.topic, record.value, record.key, timestamp_ms=origin.timestamp_ms,
+            headers=list(record.headers))
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    """faust's consumer, handing revoked partitions over (`Delivery.revoke`) before faust
+    forgets them."""
+
+    logger = SERVICE_LOG
+
+    # faust-streaming 0.15.3 drops the acked, uncommitted offsets of revoked partitions
+    # first thing here, and their next owner would redo those events: commit them before.
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        delivery: Delivery[EventT[bytes]] = self.app.delivery  # type: ignore[attr-defined]
+        if COMMIT_ON_DELIVERY:
+            await delivery.revoke({(tp.topic, tp.partition) for tp in revoked},
+                                  self.app.conf.broker_session_timeout)
+        await super().on_partitions_revoked(revoked)
+
+    # faust-streaming 0.15.3 makes each message it hands to the streams here.
+    def _to_message(self, tp: TP, record: Any) -> Any:
+        """faust's message of `record`, its bytes counted in the read-ahead until it is
+        freed (kafka.batches.ReadAhead): faust copies the record's fields and drops it."""
+        message = super()._to_message(tp, record)
+        read_ahead.track(message, record_bytes(record))
+        return message
+
+    # faust-streaming 0.15.3 stops fetching a partition whose stream is 4/5 full, until it
+    # drains to 2/5; with every partition stopped, its fetcher sleeps a whole second.
+    def on_buffer_full(self, tp: TP) -> None:
+        """Fetching goes on: the one stream's bound holds the read-ahead, since a message
+        handed over to a full stream waits for room (and that wait ends on a rebalance, as
+        `wait_first` races it). Stopped by pressure, the fetcher napped a second at a time
+        while the agent drained its 512 events in a third of it: on backlogs of 17 and 53 KB
+        events the worker read 590-720 events a second, and 1,150-1,380 with fetching going
+        on (and hand-overs run in place)."""
+
+    # faust-streaming 0.15.3's fetcher hands each message to the conductor as
+    # `self.wait_first(callback(message), self.suspend_flow.wait())`, its one call here.
+    async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+        """A message's hand-over to the agent's stream, raced as faust races it but only
+        when it has to wait. faust starts four tasks and an asyncio.wait for every message,
+        about 23 us of CPU, so that a hand-over stuck on a full stream ends when a rebalance
+        suspends the flow. Nearly every hand-over finds room and ends without waiting: it
+        runs here, and only one that waits goes on in a task raced against the suspension."""
+        if not self._is_hand_over(coros, timeout):
+            return await super().wait_first(*coros, timeout=timeout)
+        handing, suspended = coros
+        try:
+            awaited = handing.send(None)
+        except StopIteration as done:
+            suspended.close()
+            return WaitResults([handing], [done.value], False)
+        except BaseException:
+            suspended.close()
+            raise
+        rest = asyncio.ensure_future(_Resumed(handing, awaited))
+        return await super().wait_first(rest, suspended)
+
+    def _is_hand_over(self, coros: tuple[Any, ...], timeout: Any) -> bool:
+        """Whether `coros` are a message's hand-over and a wait for the flow's suspension."""
+        if timeout is not None or len(coros) != 2 or not all(map(inspect.iscoroutine, coros)):
+            return False
+        return bool(inspect.getcoroutinelocals(coros[1]).get("self") is self.suspend_flow)
+
+    # faust-streaming 0.15.3 makes its consumer thread here, with no setting to choose its
+    # class: the only way to install `_ConsumerThread`.
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Leaves the group when stopped, static member or not (kafka.runtime.membership)."""
+
+    logger = SERVICE_LOG
+
+    # faust-streaming 0.15.3 keeps its aiokafka consumer in `_consumer`; a static member
+    # stays in the group on stop unless told to leave (membership.leave_on_stop).
+    async def on_thread_stop(self) -> None:
+        leave_on_stop(self._consumer)
+        await super().on_thread_stop()
+
+    # faust-streaming 0.15.3's fetcher crashes on a batch it cannot decode, and a restarted
+    # worker on the same batch: `_fetch_records` is where every fetch passes.
+    async def _fetch_records(
+        self, consumer: AIOKafkaConsumer, active_partitions: set[TP],
+        timeout: float | None = None, max_records: int | None = None,
+    ) -> RecordMap:
+        """Fetched records; none, for good, once a batch could not be decoded: faust's
+        fetcher crashed on it, and a restarted worker on the same batch. No retry: records
+        of other partitions fetched in the same call are lost with the error, and faust,
+        seeing later offsets, would take them for a gap and commit past them."""
+        runner: EventRunner = self.app.runner  # type: ignore[attr-defined]  # on _App only
+        if read_ahead.full and self.app.delivery.in_flight:  # type: ignore[attr-defined]
+            # The records read and alive hold the bound: those in flight go first. With
+            # none in flight, what holds them is done with them (the last event read, say).
+            await asyncio.sleep(READ_AHEAD_WAIT_SECONDS)
+            return {}
+        if runner.undecodable is None:
+            try:
+                return await super()._fetch_records(consumer, active_partitions, timeout,
+                                                    max_records)
+            except UnsupportedCodecError as error:
+                runner.cannot_decode(error)
+        await asyncio.sleep(timeout or 0)  # faust asks again at once
+        return {}
+
+
+class _Resumed(Generic[T]):
+    """A coroutine suspended on `awaited`, awaitable again: the task awaiting this waits for
+    `awaited`, and what it sends or throws in then goes on to the coroutine."""
+
+    def __init__(self, coroutine: Coroutine[Any, Any, T], awaited: object) -> None:
+        self._coroutine = coroutine
+        self._awaited = awaited
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coroutine, awaited = self._coroutine, self._awaited
+        while True:
+            try:
+                sent = yield awaited
+            except BaseException as error:  # cancelled, say: the coroutine handles it
+                step: Callable[[Any], Any] = coroutine.throw
+                value: Any = error
+            else:
+                step, value = coroutine.send, sent
+            try:
+                awaited = step(value)
+            except StopIteration as done:
+                return cast(T, done.value)
+
+
+class _Tableless(TableManager):
+    """faust's table manager without its start-up nap: it sleeps a second before anything
+    else, presumably for tables to register, and a worker was ready 1.9-2.4 s after launch
+    instead of 0.9 s, which a restarted replica's partitions waited out. This app declares
+    no tables."""
+
+    logger = SERVICE_LOG
+
+    # faust-streaming 0.15.3's TableManager.on_start: its nap, then these two steps.
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+
+class _Transport(faust_aiokafka.Transport):
+    Consumer = _Consumer
+
+
+class _App(faust.App):
+    logger = SERVICE_LOG
+    runner: EventRunner  # its consumer thread reports undecodable input there
+    delivery: Delivery[EventT[bytes]]  # its consumer hands revoked partitions over there
+
+    # faust-streaming 0.15.3 picks its transport by the broker URL's scheme, with no setting
+    # to choose the consumer's class: the only way to install `_Consumer`.
+    def _new_transport(self) -> TransportT:
+        return _Transport(self.conf.broker_consumer, self)
+
+
+def seconds(timestamp_ms: int | None) -> float | None:
+    """A timestamp as faust's send takes it: seconds, which it turns back into milliseconds
+    with `int(seconds * 1000.0) if seconds else seconds`. Half a millisecond more (away from
+    zero) survives that truncation, where timestamp_ms / 1000 comes back 1 ms short for
+    some values (in 2038-39, for one), and 0 stays an int (faust passes 0.0 on as a float)."""
+    if timestamp_ms is None:
+        return None
+    return (timestamp_ms + (0.5 if timestamp_ms >= 0 else -0.5)) / 1000
+
+
+class FaustWorker(faust.Worker):
+    """faust's worker, stopping within the grace period even while sends fail: the
+    deliveries end and what they delivered is committed first (`Delivery.stop`), then faust
+    stops; the events left unacked are the partitions' next owner's to redo."""
+
+    logger = SERVICE_LOG
+
+    def __init__(self, app: _App, loglevel: str) -> None:
+        super().__init__(app, loglevel=loglevel, override_logging=False, quiet=True)
+        self._delivery = app.delivery
+        self._stopping: asyncio.Task[None] | None = None
+
+    # faust-streaming 0.15.3 (mode-streaming's Worker) installs `_on_sigterm` and
+    # `_on_sigint` here; each is called once the deliveries ended instead.
+    def install_signal_handlers(self) -> None:
+        super().install_signal_handlers()
+        for sig, stop in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+            self.loop.add_signal_handler(sig, self._end_deliveries_then, stop)
+
+    def _end_deliveries_then(self, stop: Callable[[], None]) -> None:
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop_after_deliveries(stop))
+
+    async def _stop_after_deliveries(self, stop: Callable[[], None]) -> None:
+        await self._delivery.stop()
+        stop()

@@ -1,0 +1,80 @@
+"""`context-assembler produce FILE`: send JSONL events to the input topic (demos, tests).
+
+Each line is sent as is (bad lines too: that is what the dead-letter topic is for), keyed
+by its request_id when the line is a JSON object that has one. The topic is looked up
+first: a missing topic or an unreachable broker is one line for the operator, where the
+producer would retry its metadata for a minute, logging every attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from context_assembler.kafka.clients import (
+    PLAINTEXT,
+    REFUSED_CONNECTION,
+    TOPIC_AUTHORIZATION_FAILED,
+    KafkaSecurity,
+)
+from context_assembler.kafka.tools.topics import (
+    UNKNOWN_TOPIC_OR_PARTITION,
+    missing_topic,
+    not_authorized,
+    refused,
+)
+
+
+def key_of(line: bytes) -> bytes | None:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    request_id = obj.get("request_id") if isinstance(obj, dict) else None
+    return request_id.encode() if isinstance(request_id, str) else None
+
+
+async def check_topic(bootstrap_servers: str, topic: str,
+                      security: KafkaSecurity = PLAINTEXT) -> None:
+    """Raise TopicError unless the broker answers and has `topic`."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000,
+                                **security.client_args())
+    try:
+        await admin.start()
+        described = await admin.describe_topics([topic])
+    except (*REFUSED_CONNECTION, TimeoutError):
+        raise await refused(bootstrap_servers, security) from None
+    finally:
+        await admin.close()
+    if any(t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION for t in described) or not described:
+        raise missing_topic(topic)
+    if any(t["error_code"] == TOPIC_AUTHORIZATION_FAILED for t in described):
+        raise not_authorized(topic, "DESCRIBE")
+
+
+async def produce(
+    bootstrap_servers: str, topic: str, lines: Iterable[bytes], compression: str | None = None,
+    security: KafkaSecurity = PLAINTEXT,
+) -> list[tuple[int, int]]:
+    """Send each non-blank line; the partition and offset of each, in order."""
+    await check_topic(bootstrap_servers, topic, security)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
+                                enable_idempotence=True, compression_type=compression,
+                                **security.client_args())
+    try:
+        await producer.start()
+    except REFUSED_CONNECTION:
+        raise await refused(bootstrap_servers, security) from None
+    deliveries = []
+    try:
+        for line in lines:
+            raw = line.rstrip(b"\r\n")
+            if raw.strip():
+                deliveries.append(await producer.send(topic, raw, key=key_of(raw)))
+        return [(sent.partition, sent.offset) for sent in await asyncio.gather(*deliveries)]
+    finally:
+        await producer.stop()
