@@ -233,6 +233,8 @@ async def test_sigterm_stops_the_worker_while_the_prompts_topic_is_missing(
     try:
         # Not ready, and saying why: the prompts topic is missing. It still takes its input.
         await wait_for(lambda: assigned(worker) >= 1, timeout=90)
+        # The topic check runs beside the assignment: until it has answered, /ready says so.
+        await wait_for(lambda: "checking" not in worker.get("/ready")[1].decode())
         status, body = worker.get("/ready")
         assert status == 503 and topics.prompts in body.decode(), body
         await produce(broker, topics.input, keyed(events(20)))
