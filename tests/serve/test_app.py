@@ -22,9 +22,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from context_assembler import filemode
-from context_assembler.contract.generate import openapi
 from context_assembler.engine import Assembly
 from context_assembler.filemode import BOM
+from context_assembler.generate.schemas import openapi
 from context_assembler.intake.codec import Limits
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policy_registry import PolicyRegistry, build_registry

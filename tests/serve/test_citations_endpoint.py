@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 import context_assembler as ca
-from context_assembler.contract.generate import openapi
 from context_assembler.engine.policy import policy_from_mapping
+from context_assembler.generate.schemas import openapi
 from context_assembler.intake.codec import encode
 from context_assembler.intake.policy_registry import build_registry
 from context_assembler.serve.app import CITATIONS_PATH, JSON, Server, Service

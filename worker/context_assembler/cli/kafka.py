@@ -22,6 +22,7 @@ from context_assembler.cli.common import (
     refuse_overlaps,
 )
 from context_assembler.cli.files import policy_diff
+from context_assembler.contract.catalogue import DEFAULT_PARTITIONS
 from context_assembler.diagnose.explain import UnusableInput, decision_table, printable
 from context_assembler.engine import Policy
 from context_assembler.filemode import read_lines
@@ -86,7 +87,6 @@ def quiet_kafka_client(settings: Settings) -> None:
     guard(settings.max_batch_bytes)
 
 
-DEFAULT_PARTITIONS = 6
 DEFAULT_REPLICATION_FACTOR = 1
 
 

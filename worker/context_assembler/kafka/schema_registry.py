@@ -29,7 +29,7 @@ from typing import Final
 from confluent_kafka.schema_registry import AsyncSchemaRegistryClient, Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from context_assembler.contract.generate import canonical, json_schemas
+from context_assembler.contract.catalogue import TOPICS, canonical
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.engine.lru import SizedCache
 from context_assembler.intake.framing import (
@@ -103,18 +103,17 @@ def subject_of(strategy: str, topic: str, title: str) -> str:
 
 
 def contract_schemas(settings: Settings) -> list[ContractSchema]:
-    """The contract's schemas for the settings' topics: input, prompts, audit, policies."""
-    schemas = json_schemas()
-    topics = (("retrieval-result", settings.input_topic),
-              ("assembled-prompt", settings.prompts_topic),
-              ("assembly-audit", settings.audit_topic),
-              ("policy-record", settings.policies_topic))
-    return [
-        ContractSchema(name, topic, subject_of(settings.schema_registry_subject_strategy, topic,
-                                               str(schemas[name]["title"])),
-                       canonical(schemas[name]))
-        for name, topic in topics
-    ]
+    """The contract's schemas for the settings' topics that carry one of its records: input,
+    prompts, audit, policies."""
+    schemas = []
+    for topic in TOPICS:
+        if topic.record is None:  # dead letters: the rejected input's own bytes
+            continue
+        name, schema = getattr(settings, topic.setting), topic.record.json_schema()
+        subject = subject_of(settings.schema_registry_subject_strategy, name,
+                             str(schema["title"]))
+        schemas.append(ContractSchema(topic.record.name, name, subject, canonical(schema)))
+    return schemas
 
 
 def client_config(settings: Settings) -> dict[str, object]:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib import resources
 from logging import Logger
 from typing import Final, cast
 
@@ -36,7 +37,6 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import _default_expect_handler  # the one aiohttp answers with
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge
 
-from context_assembler.contract.generate import openapi
 from context_assembler.contract.models import RejectReason
 from context_assembler.engine import Assembly
 from context_assembler.filemode import BOM
@@ -60,6 +60,10 @@ _STATUS: Final = {
 }
 # Of a rejection's message in a response or a log line: messages may quote the request.
 MESSAGE_CHARS: Final = 1024
+# /openapi.json: the document `make schemas` writes beside this module (schemas/openapi.json's
+# bytes), compacted once at import; nothing here builds it from the models.
+_OPENAPI_FILE: Final = resources.files("context_assembler.serve").joinpath("openapi.json")
+OPENAPI: Final = json.dumps(json.loads(_OPENAPI_FILE.read_bytes()), sort_keys=True).encode()
 QUOTED_CHARS: Final = 100  # of a header quoted in a message
 _UNPARSED: Final = "UNKNOWN"  # the method of what aiohttp could not parse as a request
 _DEFAULT: Final = Settings.model_fields  # serve's settings, whose defaults are declared there
@@ -242,7 +246,7 @@ class Endpoint:
     def __init__(self, service: Service) -> None:
         self.service = service
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._openapi = json.dumps(openapi(), sort_keys=True).encode()
+        self._openapi = OPENAPI
         self._waiting = 0  # requests whose body has arrived, waiting for or at the engine
         room = service.max_pending * (service.limits.max_event_bytes + len(BOM))
         self._bodies = _BodyBytes(room, service.body_bytes)
