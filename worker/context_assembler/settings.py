@@ -53,16 +53,13 @@ INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
 MSK_IAM_PACKAGE = "aws_msk_iam_sasl_signer"
 MSK_IAM_INSTALL = "pip install 'context-assembler[msk-iam]'"
 # Most bytes one compressed record batch of input may decompress to, and the most bytes of
-# records read ahead (kafka.batches): eight times max_event_bytes' default, far above what
-# producers batch by default (librdkafka 1 MB, the Java client 16 KB compressed); three
+# records read ahead (kafka.batches): far above what producers batch by default, while three
 # times it (a batch being decoded, the read-ahead, a fetch call's last record) stays well
-# under the deployments' 512 MiB limit beside the worker's ~100 MiB.
+# under the deployments' memory limit (bench/README.md has the sizes).
 DEFAULT_MAX_BATCH_BYTES = 32 * 1024 * 1024
-# The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off):
-# exactly_once, 50 ms: against back-to-back rounds, a sixth less CPU at 100 events/s for 27 ms
-# more latency, and no more latency at 150 events/s, where a round takes longer anyway (against
-# Kafka Streams' 100 ms, a third less latency for the same CPU); at_least_once, it bounds what
-# a kill -9 redoes.
+# The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off,
+# bench/README.md the figures): exactly_once, less CPU than back-to-back rounds for little
+# latency; at_least_once, it bounds what a kill -9 redoes.
 DEFAULT_COMMIT_INTERVAL_MS: Final[Mapping[str, int]] = {"exactly_once": 50,
                                                         "at_least_once": 30}
 # Below the least session timeout: a revoked partition's hand-over waits for the next round.

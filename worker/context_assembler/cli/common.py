@@ -194,8 +194,8 @@ def add_range(parser: argparse.ArgumentParser, partition: str = "partition") -> 
 
 STDOUT, STDERR = 1, 2
 _STREAM_OF = {"--out": STDOUT, "--audit": STDOUT, "--errors": STDERR}
-# Events run to ~100 KB a line: an 8 KB buffer reads one in a dozen system calls, and the
-# file mode spent a tenth of its time there.
+# Events run to ~100 KB a line: a buffer that holds one reads it in one system call
+# (bench/README.md has what a small one cost).
 INPUT_BUFFER: Final = 2**20
 
 

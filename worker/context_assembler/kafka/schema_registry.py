@@ -46,8 +46,7 @@ REQUEST_TIMEOUT_SECONDS: Final = 10.0
 MAX_SCHEMA_BYTES: Final = 1024 * 1024
 SCHEMA_CACHE_BYTES: Final = 32 * 1024 * 1024
 # A compiled validator is charged this many times its schema's text, plus a constant (an
-# unknown id's entry is the constant alone): measured by RSS over 3,000 validators of the
-# contract's schemas, 10.6 and 11.6 times their 6.2 and 5.3 KB.
+# unknown id's entry is the constant alone): above what one measurably holds (bench/README.md).
 VALIDATOR_BYTES_PER_BYTE: Final = 16
 ENTRY_BYTES: Final = 1024
 UNKNOWN_FOR_SECONDS: Final = 60.0
