@@ -138,10 +138,10 @@ prometheus-rule: deploy/prometheus/alerts.yaml  ## rewrite the PrometheusRule (a
 	cp $< $(CHART)/files/alerts.yaml
 
 schemas: $(BIN)/context-assembler  ## regenerate schemas/*.json and asyncapi.yaml from the models
-	$(BIN)/python -m context_assembler.contract.generate
+	$(BIN)/python -m context_assembler.generate.schemas
 
 docs-settings: $(BIN)/context-assembler  ## regenerate docs/settings.md from the settings model
-	$(BIN)/python -m context_assembler.settings docs/settings.md
+	$(BIN)/python -m context_assembler.generate.settings_reference docs/settings.md
 
 bench: $(DEV)  ## the engine against a naive greedy packer (the course lesson it follows); cost by chunk count
 	$(BIN)/python -m bench.engine_bench

@@ -1,13 +1,15 @@
 """The package's layers, checked on the source: every import, module-level or inside a function.
 
     contract < engine < intake < {filemode, diagnose, observability, settings, the package
-    root} < kafka (clients and records) < kafka.tools < kafka.runtime < serve < cli
+    root} < kafka (clients and records) < kafka.tools < kafka.runtime < serve < cli < generate
 
 A module may import from its own room or from a lower layer, never from a higher one nor from
 another room of its own layer (filemode and diagnose do not know each other). The engine is a
 deterministic core: it imports nothing of the project but itself and the contract. The sensors
 (observability) import types, never the transport. No folder imports a folder that imports it
-back, and the engine's modules form no circle, not even a type-only one.
+back, and the engine's modules form no circle, not even a type-only one. The writers of the
+generated files (generate) sit above everything, so nothing the worker, serve or the CLI runs
+imports them; the runtime reads what they wrote.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ ROOMS: dict[str, int] = {
     "context_assembler.kafka.runtime": 6,  # the worker: loop, delivery, commits, membership
     "context_assembler.serve": 7,  # the HTTP endpoint: the worker's metrics, no Kafka
     "context_assembler.cli": 8,
+    "context_assembler.generate": 9,  # schemas/ and docs/settings.md: `make` runs them
 }
 
 
@@ -191,3 +194,19 @@ def test_the_engines_modules_form_no_circle() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert _circles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+
+
+def test_no_command_loads_a_generator_when_it_starts() -> None:
+    """Beyond the source: importing the CLI, the worker, serve and the schema registry's
+    client, as they start, loads no writer of the generated files."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\n"
+             "import context_assembler.cli.main, context_assembler.kafka.runtime.worker\n"
+             "import context_assembler.serve.app, context_assembler.kafka.schema_registry\n"
+             "print(sorted(m for m in sys.modules if m.startswith('context_assembler')"
+             " and 'generate' in m.split('.')))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120, check=True)
+    assert result.stdout.strip() == "[]"

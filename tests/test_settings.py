@@ -14,15 +14,15 @@ import pytest
 
 from context_assembler.cli.common import read_settings
 from context_assembler.cli.main import build_parser, main
+from context_assembler.cli.settings_flags import COMMANDS, command_flag
 from context_assembler.engine.errors import ContextAssemblerError
+from context_assembler.generate.settings_reference import reference
 from context_assembler.intake.codec import Limits
 from context_assembler.settings import (
-    COMMANDS,
     Settings,
     SettingsError,
     flag_of,
     load_settings,
-    reference,
     variable_of,
 )
 from tests.factories import EXAMPLES
@@ -163,7 +163,7 @@ def test_the_commit_interval_defaults_by_guarantee_and_is_bounded(
                      ("0.5", "a valid integer")):
         monkeypatch.setenv("ASSEMBLER_COMMIT_INTERVAL_MS", bad)
         with pytest.raises(SettingsError) as caught:
-            load_settings(command="worker")
+            load_settings()
         assert str(caught.value).startswith(
             "invalid settings: ASSEMBLER_COMMIT_INTERVAL_MS (--commit-interval-ms): ")
         assert why in str(caught.value)
@@ -201,7 +201,7 @@ def test_each_flag_of_a_setting_is_read_through_the_one_model(
 ) -> None:
     """Every option whose dest is a setting was made from the model, for the settings the
     command reads; each such flag, given, sets its setting as its variable would."""
-    flags = {name: flag_of(name, command) for name in COMMANDS[command]}
+    flags = {name: command_flag(name, command) for name in COMMANDS[command]}
     made = {flag.option: name for name, flag in flags.items() if flag is not None}
     settings_options = {option: dest for option, dest in options(command).items()
                         if dest in Settings.model_fields}
@@ -271,7 +271,7 @@ def test_every_setting_is_described_and_read_by_some_command() -> None:
 
 
 def test_the_settings_reference_is_generated_from_the_model() -> None:
-    """docs/settings.md is what `python -m context_assembler.settings` writes."""
+    """docs/settings.md is what `make docs-settings` writes."""
     committed = (REPO / "docs" / "settings.md").read_text("utf-8")
     assert committed == reference(), "run: make docs-settings"
     for name in Settings.model_fields:

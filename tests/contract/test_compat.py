@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from context_assembler.contract.compat import breaking_changes
-from context_assembler.contract.generate import snapshot_dir
 from context_assembler.contract.models import AssembledPrompt, AssemblyAudit, RetrievalResult
+from context_assembler.generate.schemas import snapshot_dir
 
 Schema = dict[str, Any]
 

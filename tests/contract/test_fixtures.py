@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from context_assembler.contract.generate import DIRECTIONS, RECORDS, snapshot_dir
 from context_assembler.contract.models import DropReason, RetrievalResult
+from context_assembler.generate.schemas import DIRECTIONS, RECORDS, snapshot_dir
 from context_assembler.intake.codec import Limits, RejectedInput, decode_event
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -11,20 +11,21 @@ from typing import Any
 
 import pytest
 
-from context_assembler.contract import generate
-from context_assembler.contract.generate import (
+from context_assembler.contract.catalogue import TOPICS
+from context_assembler.contract.models import SCHEMA_VERSION
+from context_assembler.generate import schemas as generate
+from context_assembler.generate.schemas import (
     incompatibilities,
     json_schemas,
     rendered,
     snapshot_dir,
 )
-from context_assembler.contract.models import SCHEMA_VERSION
 
 
 def test_generated_schema_files_match_the_models() -> None:
     stale = [path.name for path, text in rendered().items()
              if not path.exists() or path.read_text() != text]
-    assert stale == [], f"run `python -m context_assembler.contract.generate`: {stale}"
+    assert stale == [], f"run `python -m context_assembler.generate.schemas`: {stale}"
 
 
 VALIDATOR = Path(__file__).resolve().parents[2] / "tools" / "asyncapi"
@@ -47,14 +48,14 @@ def test_the_asyncapi_document_names_its_server_and_kafka_bindings() -> None:
     for channel in document["channels"].values():
         assert channel["bindings"]["kafka"]["topic"] == channel["address"]
     messages = document["components"]["messages"]
-    for _, name, _ in generate.CHANNELS.values():
-        assert messages[name]["bindings"]["kafka"]["key"]["type"] == "string", name
+    for topic in TOPICS:
+        assert messages[topic.message]["bindings"]["kafka"]["key"]["type"] == "string", topic
     headed = {name for name, message in messages.items() if "headers" in message}
     assert headed == {"retrieval-result", "assembled-prompt", "assembly-audit", "dead-letter"}
 
 
 def test_the_current_schemas_keep_the_promise_of_their_version() -> None:
-    assert snapshot_dir().is_dir(), "run `python -m context_assembler.contract.generate`"
+    assert snapshot_dir().is_dir(), "run `python -m context_assembler.generate.schemas`"
     assert incompatibilities(json_schemas(), snapshot_dir()) == []
 
 
@@ -82,6 +83,8 @@ def test_check_fails_on_a_breaking_change_and_passes_once_the_version_is_raised(
     shutil.copytree(snapshot_dir(), history / f"v{SCHEMA_VERSION}")
     monkeypatch.setattr(generate, "HISTORY", history)
     monkeypatch.setattr(generate, "HERE", tmp_path)
+    monkeypatch.setattr(generate, "SERVED_OPENAPI", tmp_path / "served" / "openapi.json")
+    (tmp_path / "served").mkdir()
     monkeypatch.setattr(generate, "json_schemas", lambda: _breaking(json_schemas()))
     monkeypatch.setattr("sys.argv", ["generate"])
     assert generate.main() == 1  # refuses to write files that break v1

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from context_assembler.contract.generate import json_schemas
 from context_assembler.contract.models import RejectReason
+from context_assembler.generate.schemas import json_schemas
 from context_assembler.intake.codec import Limits, RejectedInput, decode_event
 from context_assembler.intake.framing import (
     HEADER,

@@ -20,7 +20,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from context_assembler.kafka.tools.topics import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
+from context_assembler.contract.catalogue import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
 from context_assembler.settings import Settings
 from tests.support.broker import Broker
 from tests.support.doc_blocks import (

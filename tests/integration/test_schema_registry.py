@@ -19,7 +19,8 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from context_assembler.contract.generate import canonical, json_schemas
+from context_assembler.contract.catalogue import canonical
+from context_assembler.generate.schemas import json_schemas
 from context_assembler.intake.framing import frame, split
 from context_assembler.kafka.records import ERR, header
 from tests.support.broker import Broker

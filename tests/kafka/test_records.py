@@ -98,14 +98,14 @@ def test_an_unknown_policy_is_a_transformation_error() -> None:
 
 
 def test_the_dead_letter_headers_are_the_ones_the_asyncapi_file_lists() -> None:
-    from context_assembler.contract.generate import DEAD_LETTER_HEADERS
+    from context_assembler.generate.schemas import DEAD_LETTER_HEADERS
 
     (letter,) = run(b"{bad").records
     assert [k.removeprefix(ERR) for k, _ in letter.headers if k.startswith(ERR)] == DEAD_LETTER_HEADERS
 
 
 def test_the_output_headers_are_the_ones_the_asyncapi_file_lists() -> None:
-    from context_assembler.contract.generate import asyncapi
+    from context_assembler.generate.schemas import asyncapi
 
     messages = asyncapi()["components"]["messages"]
     for traced in (False, True):

@@ -17,9 +17,10 @@ from hypothesis import given
 from hypothesis import settings as settings_hypothesis
 from hypothesis import strategies as st
 
-from context_assembler.contract.generate import canonical, json_schemas
+from context_assembler.contract.catalogue import canonical
 from context_assembler.contract.models import RejectReason
 from context_assembler.engine.policy import Policy
+from context_assembler.generate.schemas import json_schemas
 from context_assembler.intake.framing import RegisteredSchema, UnknownSchema, frame
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka import schema_registry as registry_module

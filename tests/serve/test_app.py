@@ -22,18 +22,24 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from context_assembler import filemode
-from context_assembler.contract.generate import openapi
 from context_assembler.engine import Assembly
 from context_assembler.filemode import BOM
+from context_assembler.generate.schemas import openapi
 from context_assembler.intake.codec import Limits
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policy_registry import PolicyRegistry, build_registry
 from context_assembler.observability.tracing import Tracing
 from context_assembler.serve.app import JSON, MESSAGE_CHARS, QUOTED_CHARS, Server, Service, body
+from context_assembler.settings import Settings
 from tests.factories import EXAMPLES
 from tests.test_layers import PROJECT_IMPORTS
 
 LIMITS = Limits(max_event_bytes=64 * 1024, max_chunks=20, max_chunk_chars=5000)
+
+
+def served_under(**options: Any) -> Settings:
+    """serve's settings: LIMITS, and `options`."""
+    return Settings(**LIMITS.model_dump(), **options)
 LINES = (EXAMPLES / "events.jsonl").read_bytes().splitlines()
 GOOD = LINES[1]  # q30-customer
 
@@ -42,7 +48,7 @@ GOOD = LINES[1]  # q30-customer
 async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Service, Server]]:
     """A server on a free port; parametrized `indirect`, the param is the Service's options."""
     options: dict[str, Any] = getattr(request, "param", {})
-    service = Service(build_registry(None, ["window-8k"]), LIMITS, **options)
+    service = Service(build_registry(None, ["window-8k"]), served_under(**options))
     running = Server(service, "127.0.0.1", 0)
     await running.start()
     try:
@@ -187,7 +193,7 @@ async def test_requests_over_max_pending_get_503_until_the_engine_frees(
         return assemble_bytes(raw, registry, limits)
 
     monkeypatch.setattr("context_assembler.serve.app.assemble_bytes", held)
-    service = Service(build_registry(None), LIMITS, max_pending=1)
+    service = Service(build_registry(None), served_under(max_pending=1))
     server = Server(service, "127.0.0.1", 0)
     await server.start()
     url = f"http://127.0.0.1:{server.port}"
@@ -311,7 +317,7 @@ CALLER = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 async def test_each_request_is_a_server_span_under_the_callers_trace() -> None:
     exporter = InMemorySpanExporter()
     tracing = Tracing.with_processor(SimpleSpanProcessor(exporter))
-    service = Service(build_registry(None, ["window-8k"]), LIMITS, tracing=tracing)
+    service = Service(build_registry(None, ["window-8k"]), served_under(), tracing=tracing)
     server = Server(service, "127.0.0.1", 0)
     await server.start()
     url = f"http://127.0.0.1:{server.port}"
@@ -485,7 +491,7 @@ async def until(condition: Callable[[], bool], seconds: float = 30) -> None:
             await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("server", [{"body_timeout": 4.0}], indirect=True)
+@pytest.mark.parametrize("server", [{"body_timeout_seconds": 4.0}], indirect=True)
 async def test_stalled_bodies_cannot_starve_the_endpoint_and_get_408(
     server: tuple[Service, Server],
 ) -> None:
@@ -511,7 +517,7 @@ async def test_stalled_bodies_cannot_starve_the_endpoint_and_get_408(
             writer.close()
 
 
-@pytest.mark.parametrize("server", [{"body_timeout": 2.0, "max_pending": 1}], indirect=True)
+@pytest.mark.parametrize("server", [{"body_timeout_seconds": 2.0, "max_pending": 1}], indirect=True)
 async def test_the_bodies_held_at_once_are_bounded_in_bytes_as_they_arrive(
     server: tuple[Service, Server],
 ) -> None:
@@ -532,7 +538,7 @@ async def test_the_bodies_held_at_once_are_bounded_in_bytes_as_they_arrive(
         second[1].close()
 
 
-@pytest.mark.parametrize("server", [{"max_pending": 1, "idle_timeout": 0.5}], indirect=True)
+@pytest.mark.parametrize("server", [{"max_pending": 1, "idle_timeout_seconds": 0.5}], indirect=True)
 async def test_a_connection_that_never_finishes_its_head_is_closed_without_a_slot(
     server: tuple[Service, Server],
 ) -> None:
@@ -590,8 +596,8 @@ async def test_an_unexpected_error_answering_is_a_500_in_the_rejection_shape(
 async def test_a_client_that_does_not_read_its_answer_is_cut_off() -> None:
     # An answer of about 10 MB, more than the kernel's send buffer (up to 4 MiB) holds: 2,000
     # copies of one text, each dropped with its long document named.
-    service = Service(build_registry(None, ["window-8k"]), Limits(max_event_bytes=16 << 20),
-                      body_timeout=2.0)
+    service = Service(build_registry(None, ["window-8k"]),
+                      Settings(max_event_bytes=16 << 20, body_timeout_seconds=2.0))
     event = json.dumps({"request_id": "r", "question": "what is the refund window?", "chunks": [
         {"chunk_id": f"k{i}", "doc_id": f"{'d' * 4000}{i}", "text": "refunds: 30 days"}
         for i in range(2000)]}).encode()

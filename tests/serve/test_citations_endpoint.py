@@ -11,19 +11,19 @@ import aiohttp
 import pytest
 
 import context_assembler as ca
-from context_assembler.contract.generate import openapi
 from context_assembler.engine.policy import policy_from_mapping
+from context_assembler.generate.schemas import openapi
 from context_assembler.intake.codec import encode
 from context_assembler.intake.policy_registry import build_registry
 from context_assembler.serve.app import CITATIONS_PATH, JSON, Server, Service
 from tests.factories import example
-from tests.serve.test_app import LIMITS
+from tests.serve.test_app import LIMITS, served_under
 
 
 @pytest.fixture
 async def url() -> AsyncIterator[str]:
     """The endpoint on a free port of 127.0.0.1."""
-    running = Server(Service(build_registry(None, ["window-8k"]), LIMITS), "127.0.0.1", 0)
+    running = Server(Service(build_registry(None, ["window-8k"]), served_under()), "127.0.0.1", 0)
     await running.start()
     try:
         yield f"http://127.0.0.1:{running.port}"

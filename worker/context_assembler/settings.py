@@ -1,12 +1,11 @@
 """Every setting of every command, in one model: the environment (prefix ASSEMBLER_) and flags.
 
 A setting is declared once, here: its type, default, constraints, description and, unless it
-is a secret or a deployment knob only the environment sets, its command-line flag. `COMMANDS`
-says which settings each command reads; the command line offers those settings' flags. A flag
-given wins over the environment, which wins over the default, for every command alike.
-Invalid settings fail at start with one message naming each bad one by variable and flag.
-
-`python -m context_assembler.settings` writes docs/settings.md from this module.
+is a secret or a deployment knob only the environment sets, its command-line flag (the topics'
+defaults come from the contract's catalogue). The command line says which settings each
+command reads (`cli.settings_flags`) and offers those settings' flags. A flag given wins over
+the environment, which wins over the default, for every command alike. Invalid settings fail
+at start with one message naming each bad one by variable and flag.
 """
 
 from __future__ import annotations
@@ -14,13 +13,11 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import ipaddress
-import re
-import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from copy import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args, get_origin
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     Field,
@@ -30,9 +27,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from context_assembler.contract.catalogue import (
+    TOPIC_RULE,
+    TOPIC_SETTINGS,
+    topic_named_by,
+    topic_problem,
+)
 from context_assembler.engine import caches
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.engine.operator_files import OperatorFileError, read_operator_file
@@ -51,16 +53,13 @@ INSTALL = "pip install 'aiokafka[snappy,lz4,zstd]'"
 MSK_IAM_PACKAGE = "aws_msk_iam_sasl_signer"
 MSK_IAM_INSTALL = "pip install 'context-assembler[msk-iam]'"
 # Most bytes one compressed record batch of input may decompress to, and the most bytes of
-# records read ahead (kafka.batches): eight times max_event_bytes' default, far above what
-# producers batch by default (librdkafka 1 MB, the Java client 16 KB compressed); three
+# records read ahead (kafka.batches): far above what producers batch by default, while three
 # times it (a batch being decoded, the read-ahead, a fetch call's last record) stays well
-# under the deployments' 512 MiB limit beside the worker's ~100 MiB.
+# under the deployments' memory limit (bench/README.md has the sizes).
 DEFAULT_MAX_BATCH_BYTES = 32 * 1024 * 1024
-# The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off):
-# exactly_once, 50 ms: against back-to-back rounds, a sixth less CPU at 100 events/s for 27 ms
-# more latency, and no more latency at 150 events/s, where a round takes longer anyway (against
-# Kafka Streams' 100 ms, a third less latency for the same CPU); at_least_once, it bounds what
-# a kill -9 redoes.
+# The worker's commit interval when unset, per guarantee (docs/delivery.md has the trade-off,
+# bench/README.md the figures): exactly_once, less CPU than back-to-back rounds for little
+# latency; at_least_once, it bounds what a kill -9 redoes.
 DEFAULT_COMMIT_INTERVAL_MS: Final[Mapping[str, int]] = {"exactly_once": 50,
                                                         "at_least_once": 30}
 # Below the least session timeout: a revoked partition's hand-over waits for the next round.
@@ -110,25 +109,14 @@ def _cache(name: str, description: str) -> Any:
     return Field(default=caches.CACHES[name].max_bytes, ge=1, description=description)
 
 
-def _topic(name: str, description: str) -> Any:
-    """A topic's setting: its default name (a name Kafka takes) and what goes through it."""
-    return Field(default=name, min_length=1,
-                 description=f"{description} A topic name as Kafka takes it: {TOPIC_RULE}.")
+def _topic(setting: str) -> Any:
+    """A topic's setting: its default name and what goes through it, from the catalogue."""
+    topic = topic_named_by(setting)
+    return Field(default=topic.default, min_length=1,
+                 description=f"{topic.usage} A topic name as Kafka takes it: {TOPIC_RULE}.")
 
 
-# Kafka's own rule for a topic name (org.apache.kafka.common.internals.Topic): so no `*`,
-# the wildcard of an ACL, and nothing a shell or a YAML file would read otherwise.
-_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-TOPIC_RULE: Final = ("letters, digits, '.', '_' and '-', 1 to 249 characters, not '.' or '..' "
-                     "(Kafka's rule)")
 _WILDCARD: Final = "*"
-
-
-def topic_problem(name: str) -> str | None:
-    """Why Kafka would refuse `name` as a topic name, None if it takes it."""
-    if _TOPIC_NAME.fullmatch(name) and name not in (".", ".."):
-        return None
-    return f"{name!r} is not a topic name: {TOPIC_RULE}"
 
 
 def name_problem(name: str, what: str) -> str | None:
@@ -186,7 +174,7 @@ def _codec_available(codec_name: str) -> bool:
 
 
 class Settings(BaseSettings):
-    """Every setting of every command; each command reads those COMMANDS names."""
+    """Every setting of every command; each command reads those `cli.settings_flags` names."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
@@ -195,19 +183,11 @@ class Settings(BaseSettings):
         default="127.0.0.1:9092", min_length=1,
         description="The Kafka brokers to connect to, comma-separated host:port pairs "
         "([IPv6]:port for an IPv6 address; port 1 to 65535).")
-    input_topic: Annotated[str, Flag("--input-topic")] = _topic(
-        "retrieval.results", "The RetrievalResult events the worker reads.")
-    prompts_topic: Annotated[str, Flag("--prompts-topic")] = _topic(
-        "prompts.assembled", "Where the worker publishes each prompt.")
-    audit_topic: Annotated[str, Flag("--audit-topic")] = _topic(
-        "context.audit", "Where the worker publishes each prompt's audit.")
-    dlq_topic: Annotated[str, Flag("--dlq-topic")] = _topic(
-        "retrieval.results.dlq",
-        "Where the worker publishes each event it cannot assemble (dead letters).")
-    policies_topic: Annotated[str, Flag("--policies-topic")] = _topic(
-        "assembler.policies",
-        "Compacted: each policy the worker assembles under, keyed by its hash, published "
-        "before any event is consumed (replay --policy recorded reads it).")
+    input_topic: Annotated[str, Flag("--input-topic")] = _topic("input_topic")
+    prompts_topic: Annotated[str, Flag("--prompts-topic")] = _topic("prompts_topic")
+    audit_topic: Annotated[str, Flag("--audit-topic")] = _topic("audit_topic")
+    dlq_topic: Annotated[str, Flag("--dlq-topic")] = _topic("dlq_topic")
+    policies_topic: Annotated[str, Flag("--policies-topic")] = _topic("policies_topic")
     group_id: Annotated[str, Flag("--group-id")] = Field(
         default="context-assembler", min_length=1,
         description="The consumer group: workers of one group split the input partitions. "
@@ -436,8 +416,7 @@ class Settings(BaseSettings):
             read_security_file(path, info.field_name)
         return path
 
-    @field_validator("input_topic", "prompts_topic", "audit_topic", "dlq_topic",
-                     "policies_topic")
+    @field_validator(*TOPIC_SETTINGS)
     @classmethod
     def _topic_name(cls, value: str) -> str:
         problem = topic_problem(value)
@@ -503,8 +482,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _distinct_topics(self) -> Settings:
-        topics = [self.input_topic, self.prompts_topic, self.audit_topic, self.dlq_topic,
-                  self.policies_topic]
+        topics = [getattr(self, setting) for setting in TOPIC_SETTINGS]
         if len(set(topics)) != len(topics):
             raise ValueError(
                 f"input, prompts, audit, dlq and policies topics must differ: {topics}")
@@ -601,71 +579,26 @@ def security_problems(settings: Settings) -> list[str]:
     return problems
 
 
-# Which settings each command reads: the command line offers the flags of these.
-_SECURITY = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
-             "sasl_password_file", "sasl_oauthbearer_token_file", "sasl_oauth_provider",
-             "aws_region", "ssl_ca_file",
-             "ssl_cert_file", "ssl_key_file", "ssl_key_password_file", "ssl_check_hostname")
-_REGISTRY = ("schema_registry_url", "schema_registry_user", "schema_registry_password_file",
-             "schema_registry_ca_file", "schema_registry_subject_strategy")
-_KAFKA = ("bootstrap_servers", *_SECURITY, "max_batch_bytes")
-_TOPICS = ("input_topic", "prompts_topic", "audit_topic", "dlq_topic", "policies_topic")
-_CACHES = ("cache_facts_bytes", "cache_words_bytes", "cache_tokens_bytes",
-           "cache_sentences_bytes")
-_ASSEMBLING = ("policy_file", "allowed_policies", *Limits.model_fields, *_CACHES)
-_SERVING = ("serve_host", "serve_port", "max_pending", "body_timeout_seconds",
-            "idle_timeout_seconds")
-COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
-    "assemble": _ASSEMBLING,
-    "explain": (*_ASSEMBLING, *_KAFKA, "audit_topic", "policies_topic"),
-    "sweep": _ASSEMBLING,
-    "evaluate": (),  # its policies are its own repeatable --policy: each one is measured
-    "worker": tuple(name for name in Settings.model_fields if name not in _SERVING),
-    "acls": ("bootstrap_servers", *_TOPICS, "group_id", "processing_guarantee",
-             "transactional_id"),
-    "topics": ("bootstrap_servers", *_TOPICS, "max_message_bytes"),
-    "topics create": (*_KAFKA, *_TOPICS, "max_message_bytes"),
-    "produce": (*_KAFKA, "input_topic", "prompts_topic", "dlq_topic", "compression_type",
-                "max_message_bytes"),
-    "tail": (*_KAFKA, "prompts_topic", "audit_topic", "dlq_topic"),
-    "replay": (*_KAFKA, *_ASSEMBLING, "input_topic", "prompts_topic", "audit_topic",
-               "policies_topic", "compression_type", *_REGISTRY),
-    "serve": (*_SERVING, "log_level", *_ASSEMBLING),
-    "policy": ("policy_file", *_KAFKA, "policies_topic"),
-    "redrive": (*_KAFKA, "dlq_topic", "input_topic", "max_message_bytes", "compression_type"),
-    "citations": ("max_event_bytes",),
-    "schemas register": (*_REGISTRY, *_TOPICS),
-}
-# A command may name a setting's flag its own way (produce sends to --topic), or offer none:
-# replay's --policy may also say `recorded`, so it is replay's own option.
-RENAMED_FLAGS: Final[Mapping[tuple[str, str], str | None]] = {
-    ("produce", "input_topic"): "--topic",
-    ("replay", "policy_file"): None,
-}
-
-
-def flag_of(name: str, command: str | None = None) -> Flag | None:
-    """The flag of setting `name` (as `command` names it), None if only the environment
-    sets it."""
-    flag = next((m for m in Settings.model_fields[name].metadata if isinstance(m, Flag)), None)
-    key = (command or "", name)
-    if flag is None or key not in RENAMED_FLAGS:
-        return flag
-    renamed = RENAMED_FLAGS[key]
-    return None if renamed is None else Flag(renamed, flag.repeatable)
+def flag_of(name: str) -> Flag | None:
+    """The flag of setting `name`, None if only the environment sets it."""
+    return next((m for m in Settings.model_fields[name].metadata if isinstance(m, Flag)), None)
 
 
 def variable_of(name: str) -> str:
     return f"{ENV_PREFIX}{name.upper()}"
 
 
-def _named(location: tuple[int | str, ...], command: str | None) -> str:
+def _named(location: tuple[int | str, ...], options: Mapping[str, str | None]) -> str:
     """The variable and the flag of the setting an error is about."""
     if not location:
         return "(settings)"
     name = str(location[0])
-    flag = flag_of(name, command) if name in Settings.model_fields else None
-    return variable_of(name) + (f" ({flag.option})" if flag is not None else "")
+    if name in options:
+        option = options[name]
+    else:
+        flag = flag_of(name) if name in Settings.model_fields else None
+        option = flag.option if flag is not None else None
+    return variable_of(name) + (f" ({option})" if option is not None else "")
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
@@ -686,97 +619,14 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return warnings
 
 
-def load_settings(flags: Mapping[str, Any] | None = None, command: str | None = None) -> Settings:
-    """The settings: each of `flags` (setting name -> the value given on `command`'s command
-    line) over its ASSEMBLER_ variable, over its default."""
+def load_settings(flags: Mapping[str, Any] | None = None,
+                  options: Mapping[str, str | None] | None = None) -> Settings:
+    """The settings: each of `flags` (setting name -> the value given on the command line)
+    over its ASSEMBLER_ variable, over its default. An error names a setting's variable and
+    its flag, or the option `options` says the command names it by (None: none)."""
     try:
         return Settings(**(flags or {}))
     except ValidationError as error:
-        problems = "; ".join(f"{_named(e['loc'], command)}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(f"{_named(e['loc'], options or {})}: {e['msg']}"
+                             for e in error.errors())
         raise SettingsError(f"invalid settings: {problems}") from None
-
-
-# The reference, docs/settings.md, generated from the model.
-
-
-_TYPE_NAMES: Final[Mapping[object, str]] = {
-    str: "text", int: "whole number", float: "number", bool: "true or false",
-    Path: "file path", SecretStr: "secret text",
-}
-
-
-def _type_of(annotation: object) -> str:
-    """A setting's type in an operator's words."""
-    if get_origin(annotation) is Literal:
-        return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
-    if get_origin(annotation) is tuple:
-        return f"list of {_type_of(get_args(annotation)[0])}"
-    given = [arg for arg in get_args(annotation) if arg is not type(None)]
-    if len(given) == 1:  # X | None: unset is shown as the default
-        return _type_of(given[0])
-    return _TYPE_NAMES[annotation]
-
-
-def shown_default(field: FieldInfo) -> str:
-    """A setting's default as its help and the reference show it."""
-    default = field.get_default()
-    return "unset" if default in (None, ()) else str(default)
-
-
-def _readers(name: str) -> str:
-    return ", ".join(command for command, names in COMMANDS.items() if name in names)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _rows() -> Iterator[str]:
-    for name, field in Settings.model_fields.items():
-        flag = flag_of(name)
-        option = f"`{flag.option}`" + (" (repeatable)" if flag.repeatable else "") if flag else "-"
-        yield "| " + " | ".join([
-            f"`{variable_of(name)}`", option, _type_of(field.annotation),
-            _cell(f"`{shown_default(field)}`"), _cell(field.description or ""),
-            _readers(name),
-        ]) + " |"
-
-
-def reference() -> str:
-    """docs/settings.md: every setting, its variable, flag, type, default and description."""
-    renamed = " ".join(
-        f"`{command}` takes `{option}` for `{variable_of(name)}`." if option else
-        f"`{command}` has an option of its own for `{variable_of(name)}` (see its --help)."
-        for (command, name), option in RENAMED_FLAGS.items())
-    return "\n".join([
-        "# Settings",
-        "",
-        "<!-- Generated by `python -m context_assembler.settings` from "
-        "worker/context_assembler/settings.py; edit the model, not this file. -->",
-        "",
-        "Every command reads its settings from one model: each setting from its `ASSEMBLER_` "
-        "environment variable or, where it has one, its command-line flag. A flag given wins "
-        "over the variable, and the variable over the default. Invalid settings stop the "
-        "command at start (exit 2) with one line naming each bad setting by its variable and "
-        "its flag. An `ASSEMBLER_` variable that names no setting (a misspelling) is named "
-        "in a warning on stderr (the worker logs it), with the closest setting, and ignored. "
-        "The security settings have no flag: a secret on a command line is visible "
-        f"to every user of the machine. {renamed}",
-        "",
-        "| Variable | Flag | Type | Default | Description | Read by |",
-        "|---|---|---|---|---|---|",
-        *_rows(),
-        "",
-    ])
-
-
-def main(argv: list[str]) -> int:
-    """Write the reference to the file named (default docs/settings.md)."""
-    target = Path(argv[0] if argv else "docs/settings.md")
-    target.write_text(reference(), "utf-8")
-    print(f"wrote {target}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

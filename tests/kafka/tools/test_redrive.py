@@ -90,8 +90,8 @@ def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
 
 
 def request(**fields: Any) -> RedriveRequest:
-    return RedriveRequest(bootstrap_servers="fake:9092", dlq_topic="d", input_topic="in",
-                          **fields)
+    settings = Settings(bootstrap_servers="fake:9092", dlq_topic="d", input_topic="in")
+    return RedriveRequest(settings, **fields)
 
 
 def test_a_dry_run_groups_by_reason_and_sends_nothing(topics: Topics) -> None:

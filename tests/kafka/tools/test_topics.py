@@ -56,7 +56,7 @@ def test_the_asyncapi_file_describes_the_topics_topics_create_makes() -> None:
     """Its Kafka bindings state the defaults of the settings and of `topics create`."""
     from context_assembler.cli.kafka import topic_sizes
     from context_assembler.cli.main import build_parser
-    from context_assembler.contract.generate import asyncapi
+    from context_assembler.generate.schemas import asyncapi
 
     document = asyncapi()
     defaults = topic_sizes(build_parser().parse_args(["topics", "create"]))

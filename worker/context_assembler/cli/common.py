@@ -19,16 +19,19 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from context_assembler import filemode
+from context_assembler.cli.settings_flags import (
+    COMMANDS,
+    command_flag,
+    command_options,
+    shown_default,
+)
 from context_assembler.contract.models import AssemblyAudit
 from context_assembler.diagnose.explain import UnusableInput, printable
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.settings import (
-    COMMANDS,
     Flag,
     Settings,
-    flag_of,
     load_settings,
-    shown_default,
     unknown_variables,
     variable_of,
 )
@@ -122,7 +125,7 @@ def note(text: str) -> None:
     print(printable(text), file=sys.stderr)
 
 
-# Options: the settings each command reads (`context_assembler.settings.COMMANDS`), and the
+# Options: the settings each command reads (`settings_flags.COMMANDS`), and the
 # numbers of its own arguments.
 
 
@@ -131,7 +134,7 @@ def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
     namespace, so the setting's variable, else its default, applies (`read_settings`)."""
     parser.set_defaults(settings_of=command)
     for name in COMMANDS[command]:
-        flag = flag_of(name, command)
+        flag = command_flag(name, command)
         if flag is None:
             continue
         field = Settings.model_fields[name]
@@ -155,7 +158,7 @@ def read_settings(args: argparse.Namespace) -> Settings:
     """The settings of the command `args` were parsed for: its flags given, over the
     environment, over the defaults."""
     given = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
-    settings = load_settings(given, args.settings_of)
+    settings = load_settings(given, command_options(args.settings_of))
     if args.settings_of != "worker":  # the worker logs them, as JSON lines
         for warning in unknown_variables(os.environ):
             note(f"context-assembler: warning: {warning}")
@@ -191,8 +194,8 @@ def add_range(parser: argparse.ArgumentParser, partition: str = "partition") -> 
 
 STDOUT, STDERR = 1, 2
 _STREAM_OF = {"--out": STDOUT, "--audit": STDOUT, "--errors": STDERR}
-# Events run to ~100 KB a line: an 8 KB buffer reads one in a dozen system calls, and the
-# file mode spent a tenth of its time there.
+# Events run to ~100 KB a line: a buffer that holds one reads it in one system call
+# (bench/README.md has what a small one cost).
 INPUT_BUFFER: Final = 2**20
 
 

@@ -22,6 +22,7 @@ from context_assembler.cli.common import (
     refuse_overlaps,
 )
 from context_assembler.cli.files import policy_diff
+from context_assembler.contract.catalogue import DEFAULT_PARTITIONS
 from context_assembler.diagnose.explain import UnusableInput, decision_table, printable
 from context_assembler.engine import Policy
 from context_assembler.filemode import read_lines
@@ -86,7 +87,6 @@ def quiet_kafka_client(settings: Settings) -> None:
     guard(settings.max_batch_bytes)
 
 
-DEFAULT_PARTITIONS = 6
 DEFAULT_REPLICATION_FACTOR = 1
 
 
@@ -298,11 +298,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         stop = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):  # stop reading; keep what was replayed
             asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-        try:
-            return await replay(request, stop)
-        finally:
-            if request.schemas is not None:
-                await request.schemas.close()
+        return await replay(request, stop)
 
     return _replay_summary(asyncio.run(run()), request, args.verbose)
 
@@ -311,8 +307,6 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
     """What to replay, checked before connecting. replay's --policy is its own option, not
     the policy_file setting's flag: it may say `recorded`, and then the setting is the
     policy of the events without a published prompt."""
-    from context_assembler.kafka.clients import kafka_security
-    from context_assembler.kafka.schema_registry import SchemaRegistry
     from context_assembler.kafka.tools.replay.replay import ReplayRequest
 
     span = topic_range(args)
@@ -322,13 +316,9 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
         raise UsageError("--policies goes with --policy recorded")
     quiet_kafka_client(settings)
     return ReplayRequest(
-        bootstrap_servers=settings.bootstrap_servers,
-        input_topic=settings.input_topic,
-        prompts_topic=settings.prompts_topic,
-        audit_topic=settings.audit_topic,
+        settings,
         registry=build_registry(settings.policy_file if recorded or args.replay_policy is None
                                 else args.replay_policy, settings.allowed_policies),
-        limits=settings.limits,
         **span,
         count=args.count,
         out=Path(args.out) if args.out else None,
@@ -338,11 +328,7 @@ def _replay_request(args: argparse.Namespace, settings: Settings) -> ReplayReque
         to_audit_topic=args.to_audit_topic,
         compare=args.compare,
         recorded=recorded,
-        policies_topic=settings.policies_topic,
         policies=read_records_file(args.policies) if args.policies else None,
-        compression=settings.producer_compression,
-        security=kafka_security(settings),
-        schemas=SchemaRegistry(settings) if settings.schema_registry_url else None,
     )
 
 
@@ -396,7 +382,6 @@ def cmd_redrive(args: argparse.Namespace, settings: Settings) -> int:
     --yes."""
     import asyncio
 
-    from context_assembler.kafka.clients import kafka_security
     from context_assembler.kafka.tools.reader import TopicReader
     from context_assembler.kafka.tools.redrive import RedriveReport, RedriveRequest, redrive
     from context_assembler.kafka.tools.tail import output_ends, wait_for_answers
@@ -405,33 +390,23 @@ def cmd_redrive(args: argparse.Namespace, settings: Settings) -> int:
     if args.yes and args.dry_run:
         raise UsageError("give --yes or --dry-run, not both")
     quiet_kafka_client(settings)
-    request = RedriveRequest(
-        bootstrap_servers=settings.bootstrap_servers,
-        dlq_topic=settings.dlq_topic,
-        input_topic=settings.input_topic,
-        **span,
-        count=args.count,
-        max_redrives=args.max_redrives,
-        send=args.yes,
-        max_request_size=settings.max_message_bytes,
-        compression=settings.producer_compression,
-        security=kafka_security(settings),
-    )
+    request = RedriveRequest(settings, **span, count=args.count,
+                             max_redrives=args.max_redrives, send=args.yes)
     if args.wait and not args.yes:
         raise UsageError("--wait waits for what --yes sends: give both")
 
     async def run() -> tuple[RedriveReport, Answers | None]:
         if not args.wait:
             return await redrive(request), None
-        async with TopicReader(request.bootstrap_servers, request.security) as reader:
+        async with TopicReader(settings.bootstrap_servers, request.security) as reader:
             starts = await output_ends(reader, [settings.prompts_topic, settings.dlq_topic])
             report = await redrive(request)
-            resent = [(request.input_topic, p, o) for p, o in report.resent]
+            resent = [(settings.input_topic, p, o) for p, o in report.resent]
             return report, await wait_for_answers(reader, starts, settings.prompts_topic,
                                                   resent, args.timeout)
 
     report, answers = asyncio.run(run())
-    for line in report.render(request.input_topic, request.max_redrives):
+    for line in report.render(settings.input_topic, request.max_redrives):
         print(printable(line))
     sys.stdout.flush()  # before what answered them, on stderr
     return 1 if answers is not None and report_answers(answers, settings, args.timeout) else 0

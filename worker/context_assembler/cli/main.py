@@ -26,6 +26,7 @@ from context_assembler.cli.common import (
     read_settings,
     stand_in_for_closed_streams,
 )
+from context_assembler.contract.catalogue import DEFAULT_PARTITIONS
 from context_assembler.diagnose.explain import printable
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.settings import Settings
@@ -131,7 +132,7 @@ def _add_topic_sizes(parser: argparse.ArgumentParser) -> None:
     """--partitions and --replication-factor, given before or after `create` alike: a
     default would let the subcommand's parser overwrite one given before it."""
     parser.add_argument("--partitions", type=positive, default=argparse.SUPPRESS,
-                        help=f"default: {kafka.DEFAULT_PARTITIONS}")
+                        help=f"default: {DEFAULT_PARTITIONS}")
     parser.add_argument("--replication-factor", type=positive, default=argparse.SUPPRESS,
                         help=f"default: {kafka.DEFAULT_REPLICATION_FACTOR}")
 

@@ -45,10 +45,7 @@ def cmd_serve(_: argparse.Namespace, settings: Settings) -> int:
     logs.configure(settings.log_level)  # JSON lines: a rejection quotes untrusted text
     registry = build_registry(settings.policy_file, settings.allowed_policies)
     tracing = Tracing.from_environment()  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
-    service = Service(registry, settings.limits, tracing=tracing,
-                      max_pending=settings.max_pending,
-                      body_timeout=settings.body_timeout_seconds,
-                      idle_timeout=settings.idle_timeout_seconds)
+    service = Service(registry, settings, tracing=tracing)
     server = Server(service, settings.serve_host, settings.serve_port)
     collect_less()  # started: what start-up made is never scanned again
     try:

@@ -1,7 +1,7 @@
 """The contract with the other services: one pydantic model per topic record.
 
 `schemas/*.schema.json` and `schemas/asyncapi.yaml` are generated from these models
-(`python -m context_assembler.contract.generate`); a test fails when they drift.
+(`python -m context_assembler.generate.schemas`); a test fails when they drift.
 """
 
 from context_assembler.contract.models import (

@@ -29,7 +29,7 @@ from typing import Final
 from confluent_kafka.schema_registry import AsyncSchemaRegistryClient, Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from context_assembler.contract.generate import canonical, json_schemas
+from context_assembler.contract.catalogue import TOPICS, canonical
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.engine.lru import SizedCache
 from context_assembler.intake.framing import (
@@ -46,8 +46,7 @@ REQUEST_TIMEOUT_SECONDS: Final = 10.0
 MAX_SCHEMA_BYTES: Final = 1024 * 1024
 SCHEMA_CACHE_BYTES: Final = 32 * 1024 * 1024
 # A compiled validator is charged this many times its schema's text, plus a constant (an
-# unknown id's entry is the constant alone): measured by RSS over 3,000 validators of the
-# contract's schemas, 10.6 and 11.6 times their 6.2 and 5.3 KB.
+# unknown id's entry is the constant alone): above what one measurably holds (bench/README.md).
 VALIDATOR_BYTES_PER_BYTE: Final = 16
 ENTRY_BYTES: Final = 1024
 UNKNOWN_FOR_SECONDS: Final = 60.0
@@ -103,18 +102,17 @@ def subject_of(strategy: str, topic: str, title: str) -> str:
 
 
 def contract_schemas(settings: Settings) -> list[ContractSchema]:
-    """The contract's schemas for the settings' topics: input, prompts, audit, policies."""
-    schemas = json_schemas()
-    topics = (("retrieval-result", settings.input_topic),
-              ("assembled-prompt", settings.prompts_topic),
-              ("assembly-audit", settings.audit_topic),
-              ("policy-record", settings.policies_topic))
-    return [
-        ContractSchema(name, topic, subject_of(settings.schema_registry_subject_strategy, topic,
-                                               str(schemas[name]["title"])),
-                       canonical(schemas[name]))
-        for name, topic in topics
-    ]
+    """The contract's schemas for the settings' topics that carry one of its records: input,
+    prompts, audit, policies."""
+    schemas = []
+    for topic in TOPICS:
+        if topic.record is None:  # dead letters: the rejected input's own bytes
+            continue
+        name, schema = getattr(settings, topic.setting), topic.record.json_schema()
+        subject = subject_of(settings.schema_registry_subject_strategy, name,
+                             str(schema["title"]))
+        schemas.append(ContractSchema(topic.record.name, name, subject, canonical(schema)))
+    return schemas
 
 
 def client_config(settings: Settings) -> dict[str, object]:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib import resources
 from logging import Logger
 from typing import Final, cast
 
@@ -36,7 +37,6 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import _default_expect_handler  # the one aiohttp answers with
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge
 
-from context_assembler.contract.generate import openapi
 from context_assembler.contract.models import RejectReason
 from context_assembler.engine import Assembly
 from context_assembler.filemode import BOM
@@ -60,35 +60,32 @@ _STATUS: Final = {
 }
 # Of a rejection's message in a response or a log line: messages may quote the request.
 MESSAGE_CHARS: Final = 1024
+# /openapi.json: the document `make schemas` writes beside this module (schemas/openapi.json's
+# bytes), compacted once at import; nothing here builds it from the models.
+_OPENAPI_FILE: Final = resources.files("context_assembler.serve").joinpath("openapi.json")
+OPENAPI: Final = json.dumps(json.loads(_OPENAPI_FILE.read_bytes()), sort_keys=True).encode()
 QUOTED_CHARS: Final = 100  # of a header quoted in a message
 _UNPARSED: Final = "UNKNOWN"  # the method of what aiohttp could not parse as a request
-_DEFAULT: Final = Settings.model_fields  # serve's settings, whose defaults are declared there
 
 
 @dataclass
 class Service:
-    """What the endpoint needs: the operator's policies and limits, and where to count."""
+    """What the endpoint needs: the operator's policies, the settings it serves under (the
+    limits, max_pending, the body and idle timeouts), and where to count."""
 
     registry: PolicyRegistry
-    limits: Limits
+    settings: Settings = field(default_factory=Settings)
     metrics: Metrics = field(default_factory=Metrics)
     tracing: Tracing = field(default_factory=Tracing)  # off unless given a provider
     ready: bool = True
-    # Requests whose body has arrived, waiting for the one engine thread; and the bodies held
-    # at once, being read or waiting, at most this many times max_event_bytes in all. More
-    # are refused (503) rather than queued without bound.
-    max_pending: int = _DEFAULT["max_pending"].default
-    # Seconds a body may take to arrive after its head: a slower client gets 408.
-    body_timeout: float = _DEFAULT["body_timeout_seconds"].default
-    # Seconds a connection may wait for a complete request head (after opening, or after
-    # its last response) before it is closed: idle keep-alive and a slow head alike.
-    idle_timeout: float = _DEFAULT["idle_timeout_seconds"].default
+    limits: Limits = field(init=False)  # the settings', built once
     slow_clients: Counter = field(init=False)
     busy: Counter = field(init=False)
     pending: Gauge = field(init=False)
     body_bytes: Gauge = field(init=False)
 
     def __post_init__(self) -> None:
+        self.limits = self.settings.limits
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         registry = self.metrics.registry
         self.slow_clients = Counter(
@@ -242,9 +239,9 @@ class Endpoint:
     def __init__(self, service: Service) -> None:
         self.service = service
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._openapi = json.dumps(openapi(), sort_keys=True).encode()
+        self._openapi = OPENAPI
         self._waiting = 0  # requests whose body has arrived, waiting for or at the engine
-        room = service.max_pending * (service.limits.max_event_bytes + len(BOM))
+        room = service.settings.max_pending * (service.limits.max_event_bytes + len(BOM))
         self._bodies = _BodyBytes(room, service.body_bytes)
 
     def _handle(self, raw: bytes) -> tuple[Assembly | RejectedInput, bytes, int, int]:
@@ -275,7 +272,7 @@ class Endpoint:
         )
 
     def _engine_full(self) -> None:
-        if self._waiting >= self.service.max_pending:
+        if self._waiting >= self.service.settings.max_pending:
             raise _Busy
 
     async def assemble(self, request: web.Request) -> web.Response:
@@ -308,7 +305,7 @@ class Endpoint:
             self._engine_full()  # refused unread while the engine is that far behind
             _refuse_non_json(request)
             with service.pending.labels("reading").track_inprogress():
-                async with asyncio.timeout(service.body_timeout):
+                async with asyncio.timeout(service.settings.body_timeout_seconds):
                     raw = await _read_body(request, service.limits.max_event_bytes, take)
             self._engine_full()
         except _Busy:
@@ -341,19 +338,19 @@ class Endpoint:
         """Write the response while the request's bytes are still held, within body_timeout:
         a client that reads it slower is cut off, so answers nobody reads cannot pile up."""
         try:
-            async with asyncio.timeout(self.service.body_timeout):
+            async with asyncio.timeout(self.service.settings.body_timeout_seconds):
                 await response.prepare(request)
                 await response.write_eof()
         except TimeoutError:
             self.service.slow_clients.inc()
             log.warning("slow client: response not read within %g s; connection closed",
-                        self.service.body_timeout)
+                        self.service.settings.body_timeout_seconds)
             if request.transport is not None:
                 request.transport.abort()
 
     def _too_slow(self, trace: str | None) -> web.Response:
         """408: counted as a slow client, apart from rejected events and back-pressure."""
-        seconds = self.service.body_timeout
+        seconds = self.service.settings.body_timeout_seconds
         self.service.slow_clients.inc()
         log.warning("slow client: body not complete %g s after its head", seconds,
                     extra={"traceparent": trace})
@@ -382,7 +379,7 @@ class Endpoint:
             try:
                 self._engine_full()
                 _refuse_non_json(request)
-                async with asyncio.timeout(self.service.body_timeout):
+                async with asyncio.timeout(self.service.settings.body_timeout_seconds):
                     raw = await _read_body(request, limit, take)
                 self._engine_full()
                 response = await self._checked(raw, trace)
@@ -535,7 +532,7 @@ class Server:
 
     def __init__(self, service: Service, host: str, port: int) -> None:
         self._runner = web.AppRunner(build_app(service))
-        self._idle_timeout = service.idle_timeout
+        self._idle_timeout = service.settings.idle_timeout_seconds
         self._host = host
         self._port = port
         self._listener: asyncio.Server | None = None

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from context_assembler.intake.codec import Limits
 from context_assembler.intake.policy_registry import PolicyRegistry, build_registry
 from context_assembler.intake.recorded_policies import (
     PolicyNotRecorded,
@@ -68,10 +67,10 @@ def topics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Topics:
 
 
 def request(registry: PolicyRegistry | None = None, **fields: Any) -> ReplayRequest:
-    return ReplayRequest(
-        bootstrap_servers="fake:9092", input_topic="in", prompts_topic="p", audit_topic="a",
-        registry=registry or build_registry(None, ALLOWED_POLICIES), limits=Limits(),
-        policies_topic="pol", **fields)
+    settings = Settings(bootstrap_servers="fake:9092", input_topic="in", prompts_topic="p",
+                        audit_topic="a", policies_topic="pol")
+    return ReplayRequest(settings, registry=registry or build_registry(None, ALLOWED_POLICIES),
+                         **fields)
 
 
 def run(replay_request: ReplayRequest) -> module.ReplayReport:

@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 import pytest
 
 from context_assembler.engine.errors import ContextAssemblerError
-from context_assembler.intake.codec import Limits
 from context_assembler.intake.policy_registry import build_registry
 from context_assembler.kafka.records import ERR, HandlerContext, Origin, handle, value_of
 from context_assembler.kafka.tools.reader import RangeError
@@ -67,8 +66,9 @@ def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
 
 def request(**fields: Any) -> ReplayRequest:
     fields = {"registry": REGISTRY, **fields}
-    return ReplayRequest(bootstrap_servers="fake:9092", input_topic="in", prompts_topic="p",
-                         audit_topic="a", limits=Limits(), **fields)
+    settings = Settings(bootstrap_servers="fake:9092", input_topic="in", prompts_topic="p",
+                        audit_topic="a")
+    return ReplayRequest(settings, **fields)
 
 
 def run(replay_request: ReplayRequest, stop: asyncio.Event | None = None) -> module.ReplayReport:

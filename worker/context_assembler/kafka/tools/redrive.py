@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from context_assembler.kafka.clients import PLAINTEXT, KafkaSecurity
+from context_assembler.kafka.clients import KafkaSecurity, kafka_security
 from context_assembler.kafka.records import (
     ERR,
     TRUNCATED,
@@ -34,7 +35,7 @@ from context_assembler.kafka.records import (
 )
 from context_assembler.kafka.tools.produce import check_topic
 from context_assembler.kafka.tools.reader import TopicReader
-from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES
+from context_assembler.settings import Settings
 
 REDRIVES = "context-assembler.redrive.count"
 REASON = f"{ERR}exception.class.name"
@@ -42,9 +43,10 @@ REASON = f"{ERR}exception.class.name"
 
 @dataclass
 class RedriveRequest:
-    bootstrap_servers: str
-    dlq_topic: str
-    input_topic: str
+    """What to re-drive. `settings`: the brokers, the DLQ and input topics, the security,
+    and the producer's largest record and compression, as the worker has them."""
+
+    settings: Settings
     starts: list[tuple[int, int]] = field(default_factory=list)
     from_ms: int | None = None
     ends: list[tuple[int, int]] = field(default_factory=list)
@@ -52,9 +54,10 @@ class RedriveRequest:
     count: int | None = None
     max_redrives: int = 3
     send: bool = False  # --yes; the default is a dry run
-    max_request_size: int = DEFAULT_MAX_MESSAGE_BYTES  # the worker's MAX_MESSAGE_BYTES
-    compression: str | None = None  # the worker's COMPRESSION_TYPE (None: uncompressed)
-    security: KafkaSecurity = PLAINTEXT
+
+    @functools.cached_property
+    def security(self) -> KafkaSecurity:
+        return kafka_security(self.settings)
 
 
 @dataclass(frozen=True)
@@ -133,13 +136,13 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
     report = RedriveReport({}, [], [], request.send, {})
     async with contextlib.AsyncExitStack() as stack:
         producer = await stack.enter_async_context(_producer(request)) if request.send else None
-        reader = await stack.enter_async_context(TopicReader(request.bootstrap_servers,
-                                                                 request.security))
-        spans = await reader.spans(request.dlq_topic, starts=request.starts,
+        reader = await stack.enter_async_context(TopicReader(
+            request.settings.bootstrap_servers, request.security))
+        spans = await reader.spans(request.settings.dlq_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
         sent: list[asyncio.Future[RecordMetadata]] = []
         read = 0
-        async for record in reader.read(request.dlq_topic, spans):
+        async for record in reader.read(request.settings.dlq_topic, spans):
             letter = letter_of(Origin.from_record(record))
             report.next_start[record.partition] = record.offset + 1
             read += 1
@@ -153,7 +156,7 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
                 report.groups.setdefault(letter.reason, []).append(letter)
                 if producer is not None:
                     sent.append(await producer.send(
-                        request.input_topic, value_of(record), key=letter.origin.key,
+                        request.settings.input_topic, value_of(record), key=letter.origin.key,
                         headers=list(letter.resubmitted())))
             if request.count and read >= request.count:
                 break
@@ -165,11 +168,12 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
 
 @contextlib.asynccontextmanager
 async def _producer(request: RedriveRequest) -> AsyncIterator[AIOKafkaProducer]:
-    await check_topic(request.bootstrap_servers, request.input_topic, request.security)
-    producer = AIOKafkaProducer(bootstrap_servers=request.bootstrap_servers, acks="all",
+    settings = request.settings
+    await check_topic(settings.bootstrap_servers, settings.input_topic, request.security)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all",
                                 enable_idempotence=True,
-                                max_request_size=request.max_request_size,
-                                compression_type=request.compression,
+                                max_request_size=settings.max_message_bytes,
+                                compression_type=settings.producer_compression,
                                 **request.security.client_args())
     await producer.start()
     try:

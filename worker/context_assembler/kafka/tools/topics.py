@@ -23,6 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, NodeNotReadyError
 
+from context_assembler.contract.catalogue import TOPICS
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.kafka.clients import (
     ACLS_HINT,
@@ -39,10 +40,6 @@ log = logging.getLogger(__name__)
 CREATE_COMMAND = "context-assembler topics create"
 TOPIC_ALREADY_EXISTS = 36
 UNKNOWN_TOPIC_OR_PARTITION = 3
-DAY_MS = 24 * 60 * 60 * 1000
-# Kafka's default retention; dead letters and audits are kept longer, for whoever looks late.
-OUTPUT_RETENTION_MS = 7 * DAY_MS
-LONG_RETENTION_MS = 30 * DAY_MS
 # With three replicas or more, a write is acknowledged once two hold it (acks=all): one broker
 # may be down and nothing acknowledged is lost with the leader. Fewer replicas keep the
 # broker's default, so a lone broker down does not stop every write.
@@ -83,25 +80,21 @@ class TopicSpec:
 
 
 def worker_topics(settings: Settings, partitions: int, replication_factor: int) -> list[TopicSpec]:
-    """The topics the worker reads and writes; one line per topic (a compacted one just sets
-    `cleanup.policy=compact`). max.message.bytes is the worker's MAX_MESSAGE_BYTES, so the
-    broker accepts every record the worker allows itself to send; min.insync.replicas is 2
-    where the replication factor leaves a broker to spare."""
+    """The topics the worker reads and writes, as the catalogue declares them and the
+    settings name them. max.message.bytes is the worker's MAX_MESSAGE_BYTES, so the broker
+    accepts every record the worker allows itself to send; min.insync.replicas is 2 where
+    the replication factor leaves a broker to spare."""
     common = {"max.message.bytes": str(settings.max_message_bytes)}
     if replication_factor >= MIN_INSYNC_FROM_REPLICATION:
         common["min.insync.replicas"] = str(MIN_INSYNC_REPLICAS)
-
-    def spec(name: str, retention_ms: int, **extra: str) -> TopicSpec:
-        configs = {**common, "retention.ms": str(retention_ms), **extra}
-        return TopicSpec(name, partitions, replication_factor, configs)
-
-    return [
-        spec(settings.input_topic, OUTPUT_RETENTION_MS),
-        spec(settings.prompts_topic, OUTPUT_RETENTION_MS),
-        spec(settings.audit_topic, LONG_RETENTION_MS),
-        spec(settings.dlq_topic, LONG_RETENTION_MS),
-        spec(settings.policies_topic, LONG_RETENTION_MS, **{"cleanup.policy": "compact"}),
-    ]
+    specs = []
+    for topic in TOPICS:
+        configs = {**common, "retention.ms": str(topic.retention_ms)}
+        if topic.cleanup != "delete":  # the broker's default
+            configs["cleanup.policy"] = topic.cleanup
+        specs.append(TopicSpec(getattr(settings, topic.setting), partitions,
+                               replication_factor, configs))
+    return specs
 
 
 def kafka_topics_commands(specs: list[TopicSpec], bootstrap_servers: str) -> list[str]:

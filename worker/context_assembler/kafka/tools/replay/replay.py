@@ -14,6 +14,7 @@ are renamed into place at the end (`outputs`), topics are written in one transac
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 from context_assembler.contract.models import AssembledPrompt
 from context_assembler.diagnose.compare import Comparison, compare
 from context_assembler.engine.errors import ContextAssemblerError
-from context_assembler.intake.codec import Limits, encode
+from context_assembler.intake.codec import encode
 from context_assembler.intake.framing import schema_id_of, unframed
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.intake.recorded_policies import (
@@ -34,7 +35,7 @@ from context_assembler.intake.recorded_policies import (
     PolicyNotRecorded,
     RecordedPolicies,
 )
-from context_assembler.kafka.clients import PLAINTEXT, KafkaSecurity
+from context_assembler.kafka.clients import PLAINTEXT, KafkaSecurity, kafka_security
 from context_assembler.kafka.records import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -51,6 +52,7 @@ from context_assembler.kafka.schema_registry import SchemaRegistry
 from context_assembler.kafka.tools.policies_topic import read_policies
 from context_assembler.kafka.tools.reader import RangeError, Span, TopicReader, describe_range, iso
 from context_assembler.kafka.tools.replay.outputs import OutputFiles, Progress, output_files
+from context_assembler.settings import Settings
 
 Coordinates = tuple[int, int]  # input partition, offset
 
@@ -61,12 +63,13 @@ class NotRecorded(ContextAssemblerError, LookupError):
 
 @dataclass
 class ReplayRequest:
-    bootstrap_servers: str
-    input_topic: str
-    prompts_topic: str
-    audit_topic: str
-    registry: PolicyRegistry
-    limits: Limits
+    """What to replay. `settings`: the brokers, the topics, the limits, the security, the
+    compression of --to-topic's producer and the schema registry, as the worker has them;
+    with a registry set, a framed event is checked against its schema as the worker checks
+    it, else its JSON is read unchecked."""
+
+    settings: Settings
+    registry: PolicyRegistry  # the policy of the events: --policy, else the setting's
     starts: list[tuple[int, int]] = field(default_factory=list)
     from_ms: int | None = None
     ends: list[tuple[int, int]] = field(default_factory=list)
@@ -80,13 +83,11 @@ class ReplayRequest:
     compare: bool = False
     # Under the recorded policies: from `policies` (a file's), else the policies topic.
     recorded: bool = False
-    policies_topic: str = "assembler.policies"
     policies: RecordedPolicies | None = None
-    compression: str | None = None  # --to-topic's producer: the worker's COMPRESSION_TYPE
-    security: KafkaSecurity = PLAINTEXT
-    # A framed event is checked against its schema as the worker checks it, if set; else
-    # its JSON is read unchecked.
-    schemas: SchemaRegistry | None = None
+
+    @functools.cached_property
+    def security(self) -> KafkaSecurity:
+        return kafka_security(self.settings)
 
 
 @dataclass
@@ -126,8 +127,19 @@ ContextFor = Callable[[Coordinates], HandlerContext]
 async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
     """Replay the requested range of the input topic; compare with what was published if
     asked. Outputs are kept (whole) also when `stop` ends the replay early."""
-    async with TopicReader(request.bootstrap_servers, request.security) as reader:
-        spans = await reader.spans(request.input_topic, starts=request.starts,
+    settings = request.settings
+    schemas = SchemaRegistry(settings) if settings.schema_registry_url else None
+    try:
+        return await _replay(request, stop, schemas)
+    finally:
+        if schemas is not None:
+            await schemas.close()
+
+
+async def _replay(request: ReplayRequest, stop: asyncio.Event,
+                  schemas: SchemaRegistry | None) -> ReplayReport:
+    async with TopicReader(request.settings.bootstrap_servers, request.security) as reader:
+        spans = await reader.spans(request.settings.input_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
         if not any(span.end > span.start for span in spans):
             raise await _empty_range(reader, request)
@@ -137,7 +149,7 @@ async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
         if request.recorded:
             published = await _published_for_spans(reader, request, spans)
             context_for = await _recorded_contexts(reader, request, published[0], default)
-        replayed = await _replay_spans(reader, request, spans, stop, context_for)
+        replayed = await _replay_spans(reader, request, spans, stop, context_for, schemas)
         comparisons = (await _compare(reader, request, replayed, published)
                        if request.compare else [])
     unrecorded = (sum(r.coordinates not in published[0] for r in replayed)
@@ -148,10 +160,11 @@ async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
 async def _empty_range(reader: TopicReader, request: ReplayRequest) -> RangeError:
     """A range with no event in it: which range, and where the topic's records are."""
     asked = describe_range(request.starts, request.from_ms, request.ends, request.to_ms)
-    times = await reader.record_times(request.input_topic)
+    topic = request.settings.input_topic
+    times = await reader.record_times(topic)
     stored = ("it holds no record" if times is None
               else f"its records run from {iso(times[0])} to {iso(times[1])}")
-    return RangeError(f"nothing to replay: no event on {request.input_topic} {asked}; {stored}")
+    return RangeError(f"nothing to replay: no event on {topic} {asked}; {stored}")
 
 
 async def _published_for_spans(
@@ -161,7 +174,7 @@ async def _published_for_spans(
     pass over the input finds their coordinates and earliest timestamp."""
     wanted: set[Coordinates] = set()
     from_ms: int | None = None
-    async for record in reader.read(request.input_topic, spans):
+    async for record in reader.read(request.settings.input_topic, spans):
         wanted.add((record.partition, record.offset))
         if record.timestamp is not None:
             from_ms = record.timestamp if from_ms is None else min(from_ms, record.timestamp)
@@ -184,13 +197,13 @@ async def _recorded_contexts(
         try:
             named = AssembledPrompt.model_validate_json(prompt).policy
         except ValidationError:
-            where = "{}/{}/{}".format(request.input_topic, *coordinates)
+            where = "{}/{}/{}".format(request.settings.input_topic, *coordinates)
             raise PolicyNotRecorded(f"the prompt published for {where} is not an "
                                     "AssembledPrompt: its policy cannot be told") from None
         refs[coordinates] = (named.hash, named.name)
     recorded = request.policies
     if recorded is None:
-        recorded = await read_policies(reader, request.policies_topic)
+        recorded = await read_policies(reader, request.settings.policies_topic)
     contexts: dict[tuple[str, str], HandlerContext] = {}
     problems: dict[str, str] = {}  # hash -> why it cannot be had
     for coordinates, ref in sorted(refs.items()):
@@ -199,7 +212,7 @@ async def _recorded_contexts(
         try:
             policy = recorded.policy(*ref)
         except PolicyNotRecorded as error:
-            where = "{}/{}/{}".format(request.input_topic, *coordinates)
+            where = "{}/{}/{}".format(request.settings.input_topic, *coordinates)
             problems[ref[0]] = f"{error} (the policy of the prompt published for {where})"
             continue
         contexts[ref] = _handler_context(request, PinnedRegistry(policy))
@@ -215,7 +228,7 @@ async def _recorded_contexts(
 
 async def _replay_spans(
     reader: TopicReader, request: ReplayRequest, spans: Sequence[Span], stop: asyncio.Event,
-    context_for: ContextFor,
+    context_for: ContextFor, schemas: SchemaRegistry | None,
 ) -> list[Replayed]:
     """Handle each event of `spans` (at most `request.count`) as the worker would, and write
     the results: files renamed into place, the topic's transaction committed, at the end."""
@@ -226,15 +239,15 @@ async def _replay_spans(
             Progress(min(total, request.count) if request.count else total) as progress,
             output_files(request.out, request.audit_out, request.errors_out) as files,
         ):
-            async for record in reader.read(request.input_topic, spans):
+            async for record in reader.read(request.settings.input_topic, spans):
                 origin, raw = Origin.from_record(record), value_of(record)
                 context = context_for((origin.partition, origin.offset))
-                if request.schemas is None:
+                if schemas is None:
                     raw = unframed(raw)
                 else:
                     schema_id = schema_id_of(raw)
                     ids = [] if schema_id is None else [schema_id]
-                    context = replace(context, schemas=await request.schemas.resolve(ids))
+                    context = replace(context, schemas=await schemas.resolve(ids))
                 outcome = handle(raw, origin, context)
                 await _write(outcome, origin, raw, files, producer)
                 replayed.append(Replayed.of(origin, outcome))
@@ -250,10 +263,10 @@ def _handler_context(request: ReplayRequest, registry: PolicyRegistry) -> Handle
     to_topic = request.to_topic
     return HandlerContext(
         registry=registry,
-        limits=request.limits,
-        prompts_topic=to_topic or request.prompts_topic,
+        limits=request.settings.limits,
+        prompts_topic=to_topic or request.settings.prompts_topic,
         audit_topic=request.to_audit_topic
-        or (f"{to_topic}.audit" if to_topic else request.audit_topic),
+        or (f"{to_topic}.audit" if to_topic else request.settings.audit_topic),
         dlq_topic="dead-letters",
         worker="replay",
     )
@@ -267,10 +280,10 @@ async def _transaction(request: ReplayRequest) -> AsyncIterator[AIOKafkaProducer
         yield None
         return
     producer = AIOKafkaProducer(
-        bootstrap_servers=request.bootstrap_servers,
+        bootstrap_servers=request.settings.bootstrap_servers,
         transactional_id=f"context-assembler-replay-{uuid.uuid4()}",
         transaction_timeout_ms=900_000,
-        compression_type=request.compression,
+        compression_type=request.settings.producer_compression,
         **request.security.client_args(),
     )
     await producer.start()
@@ -313,7 +326,7 @@ async def _compare(
     prompts, audits = found
     published = {key: (prompts[key], audits[key]) for key in prompts if key in audits}
     return [
-        compare(r.request_id, "{}/{}/{}".format(request.input_topic, *r.coordinates),
+        compare(r.request_id, "{}/{}/{}".format(request.settings.input_topic, *r.coordinates),
                 published.get(r.coordinates), r.result)
         for r in replayed
     ]
@@ -328,8 +341,10 @@ async def _published_pair(
     Outputs carry their input's timestamp, so they all sit at or after the first output
     stamped `from_ms`; both topics are read from there to their current end.
     """
-    prompts = await _published(reader, request.prompts_topic, request.input_topic, wanted, from_ms)
-    audits = await _published(reader, request.audit_topic, request.input_topic, wanted, from_ms)
+    settings = request.settings
+    prompts = await _published(reader, settings.prompts_topic, settings.input_topic, wanted,
+                               from_ms)
+    audits = await _published(reader, settings.audit_topic, settings.input_topic, wanted, from_ms)
     return prompts, audits
 
 

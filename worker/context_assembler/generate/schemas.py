@@ -1,11 +1,12 @@
-"""Write the JSON Schema, AsyncAPI and OpenAPI files from the pydantic models.
+"""Write the JSON Schema, AsyncAPI and OpenAPI files from the pydantic models and the catalogue.
 
-`python -m context_assembler.contract.generate` (`make schemas`) rewrites them, and records
+`python -m context_assembler.generate.schemas` (`make schemas`) rewrites them, and records
 the JSON Schemas of the current schema_version under `schemas/history/v<N>/` the first time
 that version (or a record new in it) is generated. With `--check` it fails when the
 committed files differ from what the models say, or when a JSON Schema breaks what
 readers of the same schema_version's snapshot rely on (`compat`); the test suite runs both
-checks.
+checks. Nothing the worker, serve or the CLI runs imports this module: serve answers
+/openapi.json with the copy written into the package.
 """
 
 from __future__ import annotations
@@ -19,67 +20,33 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from context_assembler.contract.compat import Direction, breaking_changes
-from context_assembler.contract.models import (
-    SCHEMA_VERSION,
-    AssembledPrompt,
-    AssemblyAudit,
-    CitationCheck,
-    CitationRequest,
-    ErrorRecord,
-    PolicyRecord,
-    RetrievalResult,
+from context_assembler.contract.catalogue import (
+    ASSEMBLED_PROMPT,
+    ASSEMBLY_AUDIT,
+    DEFAULT_PARTITIONS,
+    POLICY_RECORD,
+    RETRIEVAL_RESULT,
+    TOPICS,
+    Topic,
+    canonical,
 )
+from context_assembler.contract.catalogue import RECORDS as CONTRACT_RECORDS
+from context_assembler.contract.compat import Direction, breaking_changes
+from context_assembler.contract.models import SCHEMA_VERSION, CitationCheck, CitationRequest
+from context_assembler.settings import Settings
 
 # The repository's contract files (schemas/ beside worker/): this module is a development tool.
 HERE = Path(__file__).resolve().parents[3] / "schemas"
 HISTORY = HERE / "history"
-RECORDS: dict[str, type[BaseModel]] = {
-    "retrieval-result": RetrievalResult,
-    "assembled-prompt": AssembledPrompt,
-    "assembly-audit": AssemblyAudit,
-    "error-record": ErrorRecord,
-    "policy-record": PolicyRecord,
-}
-# The default topic names; deployments may rename them (worker settings).
-CHANNELS = {
-    "retrieval.results": ("receive", "retrieval-result", "Reranked passages for one chat request."),
-    "prompts.assembled": ("send", "assembled-prompt", "The prompt for the generation service."),
-    "context.audit": ("send", "assembly-audit", "What was kept and dropped, and why."),
-    "retrieval.results.dlq": (
-        "send",
-        "dead-letter",
-        "Inputs that could not be assembled (or whose prompt or audit was too large to "
-        "publish: output_too_large): the original key, bytes and headers, plus Kafka "
-        "Connect's __connect.errors.* headers naming the origin (topic, partition, offset), "
-        "the stage and the error. A dead letter over the size limit carries only the first "
-        "bytes of the input, with context-assembler.truncated, .original.bytes and "
-        ".original.sha256 headers. The file mode writes an ErrorRecord line instead. "
-        "A dead letter sent back by `context-assembler redrive` carries "
-        "context-assembler.redrive.count, which its next dead letter keeps.",
-    ),
-    "assembler.policies": (
-        "send",
-        "policy-record",
-        "Compacted, keyed by policy hash: every policy the worker assembles under, published "
-        "before it consumes, so replay and explain find the rules an output's hash names.",
-    ),
-}
-
-
-# Who reads each record: the engine reads inputs (producers may send anything the snapshot
-# allowed), other services read outputs (they may rely on anything the snapshot promised).
-DIRECTIONS: dict[str, Direction] = {
-    "retrieval-result": "input",
-    "assembled-prompt": "output",
-    "assembly-audit": "output",
-    "error-record": "output",
-    "policy-record": "output",
-}
+# The OpenAPI document as serve answers /openapi.json: package data, the same bytes.
+SERVED_OPENAPI = Path(__file__).resolve().parents[1] / "serve" / "openapi.json"
+RECORDS: dict[str, type[BaseModel]] = {record.name: record.model for record in CONTRACT_RECORDS}
+DIRECTIONS: dict[str, Direction] = {record.name: record.direction
+                                    for record in CONTRACT_RECORDS}
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:
-    return {name: model.model_json_schema() for name, model in RECORDS.items()}
+    return {record.name: record.json_schema() for record in CONTRACT_RECORDS}
 
 
 DEAD_LETTER_HEADERS = [
@@ -113,33 +80,12 @@ SOURCE_HEADERS: dict[str, dict[str, str]] = {
     "context-assembler.source.offset": {
         "type": "string", "pattern": "^[0-9]+$", "description": "The input's offset."},
 }
-REQUEST_ID_KEY = {"type": "string", "description": "The request_id, UTF-8."}
 # AsyncAPI's Kafka bindings (github.com/asyncapi/bindings, kafka): the version of their fields.
 KAFKA_BINDING = {"bindingVersion": "0.5.0"}
-# The defaults of the worker's settings and of `context-assembler topics create`; a test
-# (tests/kafka/tools/test_topics.py) checks them against both.
-DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
-DEFAULT_GROUP_ID = "context-assembler"
-DEFAULT_PARTITIONS = 6
-DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
-DAY_MS = 24 * 60 * 60 * 1000
-#: Per channel: the record key, the retention and cleanup `topics create` gives the topic.
-TOPIC_BINDINGS: dict[str, tuple[dict[str, str], int, str]] = {
-    "retrieval.results": (
-        {**REQUEST_ID_KEY, "description": "The request_id, UTF-8, as `context-assembler "
-         "produce` keys it (any key is accepted; the worker reads the value)."},
-        7 * DAY_MS, "delete"),
-    "prompts.assembled": (REQUEST_ID_KEY, 7 * DAY_MS, "delete"),
-    "context.audit": (REQUEST_ID_KEY, 30 * DAY_MS, "delete"),
-    "retrieval.results.dlq": (
-        {"type": "string", "description": "The input's own key, unchanged (none if it had "
-         "none, or if a dead letter had to be cut to its headers)."},
-        30 * DAY_MS, "delete"),
-    "assembler.policies": (
-        {"type": "string", "pattern": "^sha256:[0-9a-f]{16}$",
-         "description": "The policy hash the audits name (policy.hash)."},
-        30 * DAY_MS, "compact"),
-}
+
+
+def _default(setting: str) -> Any:
+    return Settings.model_fields[setting].get_default()
 
 
 # Optional, with a schema registry: the payload is this JSON framed as Confluent's serializers
@@ -153,17 +99,17 @@ def _headers(properties: dict[str, dict[str, str]], required: list[str]) -> dict
     return {"type": "object", "properties": properties, "required": required}
 
 
-def _channel(topic: str, message: str, text: str) -> dict[str, Any]:
-    _, retention_ms, cleanup = TOPIC_BINDINGS[topic]
+def _channel(topic: Topic) -> dict[str, Any]:
     return {
-        "address": topic,
-        "messages": {message: {"$ref": f"#/components/messages/{message}"}},
-        "description": text,
+        "address": topic.default,
+        "messages": {topic.message: {"$ref": f"#/components/messages/{topic.message}"}},
+        "description": topic.summary,
         "bindings": {"kafka": {
-            "topic": topic,
+            "topic": topic.default,
             "partitions": DEFAULT_PARTITIONS,
-            "topicConfiguration": {"cleanup.policy": [cleanup], "retention.ms": retention_ms,
-                                   "max.message.bytes": DEFAULT_MAX_MESSAGE_BYTES},
+            "topicConfiguration": {"cleanup.policy": [topic.cleanup],
+                                   "retention.ms": topic.retention_ms,
+                                   "max.message.bytes": _default("max_message_bytes")},
             **KAFKA_BINDING,
         }},
     }
@@ -202,23 +148,22 @@ def asyncapi() -> dict[str, Any]:
             "description": "The input's own headers, then Kafka Connect's error headers.",
         },
     }
-    for topic, (_, message, _) in CHANNELS.items():
-        messages[message]["bindings"] = {"kafka": {"key": TOPIC_BINDINGS[topic][0],
-                                                   **KAFKA_BINDING}}
-    channels = {topic: _channel(topic, message, text)
-                for topic, (_, message, text) in CHANNELS.items()}
+    for topic in TOPICS:
+        messages[topic.message]["bindings"] = {"kafka": {"key": dict(topic.key),
+                                                         **KAFKA_BINDING}}
+    channels = {topic.default: _channel(topic) for topic in TOPICS}
     operations: dict[str, Any] = {
-        f"{action}-{topic.replace('.', '-')}": {
-            "action": action,
-            "channel": {"$ref": f"#/channels/{topic}"},
-            "summary": text,
+        f"{topic.role}-{topic.default.replace('.', '-')}": {
+            "action": topic.role,
+            "channel": {"$ref": f"#/channels/{topic.default}"},
+            "summary": topic.summary,
         }
-        for topic, (action, _, text) in CHANNELS.items()
+        for topic in TOPICS
     }
     for operation in operations.values():
         if operation["action"] == "receive":
             operation["bindings"] = {"kafka": {
-                "groupId": {"type": "string", "default": DEFAULT_GROUP_ID,
+                "groupId": {"type": "string", "default": _default("group_id"),
                             "description": "ASSEMBLER_GROUP_ID: the workers share the "
                             "partitions of one group."},
                 **KAFKA_BINDING,
@@ -238,7 +183,7 @@ def asyncapi() -> dict[str, Any]:
                 "names. Topic names, partitions and retention are the defaults of the "
                 "worker's settings and of `context-assembler topics create`.",
                 "variables": {"bootstrapServers": {
-                    "default": DEFAULT_BOOTSTRAP_SERVERS,
+                    "default": _default("bootstrap_servers"),
                     "description": "host:port of a broker (ASSEMBLER_BOOTSTRAP_SERVERS)."}},
                 "bindings": {"kafka": KAFKA_BINDING},
             },
@@ -271,7 +216,7 @@ def _error(description: str) -> dict[str, Any]:
 def openapi() -> dict[str, Any]:
     """The HTTP endpoint (`context-assembler serve`), its bodies the contract's models."""
     models: list[type[BaseModel]] = [
-        *(model for model in RECORDS.values() if model is not PolicyRecord),
+        *(model for model in RECORDS.values() if model is not POLICY_RECORD.model),
         CitationRequest, CitationCheck,
     ]
     refs, defs = models_json_schema(
@@ -284,8 +229,8 @@ def openapi() -> dict[str, Any]:
         "type": "object",
         "required": ["prompt", "audit"],
         "properties": {
-            "prompt": refs[(AssembledPrompt, "validation")],
-            "audit": refs[(AssemblyAudit, "validation")],
+            "prompt": refs[(ASSEMBLED_PROMPT.model, "validation")],
+            "audit": refs[(ASSEMBLY_AUDIT.model, "validation")],
         },
         "description": "The prompt and audit, each byte for byte as the file mode writes it.",
     }
@@ -303,7 +248,7 @@ def openapi() -> dict[str, Any]:
                 "operationId": "assemble",
                 "summary": "One RetrievalResult in, its prompt and audit out.",
                 "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": refs[(RetrievalResult, "validation")]}}},
+                    "schema": refs[(RETRIEVAL_RESULT.model, "validation")]}}},
                 "responses": {
                     "200": {"description": "Assembled.", "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/Assembled"}}}},
@@ -372,17 +317,13 @@ def openapi() -> dict[str, Any]:
     }
 
 
-def canonical(document: dict[str, Any]) -> str:
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
-
-
 def rendered() -> dict[Path, str]:
     files = {
         HERE / f"{name}.schema.json": canonical(schema) for name, schema in json_schemas().items()
     }
     # JSON is valid YAML 1.2: the AsyncAPI file needs no YAML writer to stay canonical.
     files[HERE / "asyncapi.yaml"] = json.dumps(asyncapi(), indent=2) + "\n"
-    files[HERE / "openapi.json"] = canonical(openapi())
+    files[HERE / "openapi.json"] = files[SERVED_OPENAPI] = canonical(openapi())
     return files
 
 
