@@ -17,6 +17,7 @@ import os
 import posixpath
 import re
 import shutil
+import sys
 import socket
 import subprocess
 import tomllib
@@ -788,18 +789,14 @@ def test_one_kafka_version_for_compose_and_the_tests_broker(
     image = services["kafka"]["image"]
     assert re.fullmatch(r"apache/kafka:\$\{KAFKA_VERSION(:\?[^}]*)?\}", image), image
     assert _interpolate(image) == f"apache/kafka:{version}"
-    # The Maven project names no version of its own: scripts/kafka.sh passes .env's.
+    # The Maven project names no version of its own: the harness passes .env's.
     pom = (REPO / "deploy" / "kafka" / "pom.xml").read_text(encoding="utf-8")
     assert "<kafka.version>" not in pom and "${kafka.version}" in pom
-    # scripts/kafka.sh reads the version from .env: with no Maven on PATH it says which it needs.
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    for tool in ("dirname", "sed"):
-        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    # The harness reads the version from .env: with no Maven on PATH it says which it needs.
     result = subprocess.run(
-        [shutil.which("bash") or "bash", str(REPO / "scripts" / "kafka.sh"), "fetch"],
+        [sys.executable, "-m", "harness", "fetch"], cwd=REPO,
         capture_output=True, text=True, timeout=30, check=False,
-        env={**os.environ, "PATH": str(tools), "KAFKA_CACHE_DIR": str(tmp_path / "cache")},
+        env={**os.environ, "PATH": str(tmp_path), "KAFKA_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert result.returncode == 1
     assert f"'mvn' not found on PATH (Kafka {version} needs" in result.stderr

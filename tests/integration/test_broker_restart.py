@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker, running_broker
-from tests.support.worker import (
+from harness.kafka import Broker, running_broker
+from harness.worker import (
     Topics,
     WorkerProcess,
     events,

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker
-from tests.support.codecs import CODECS, batches_of, librdkafka_produce, librdkafka_read
-from tests.support.worker import (
+from harness.codecs import CODECS, batches_of, librdkafka_produce, librdkafka_read
+from harness.kafka import Broker
+from harness.worker import (
     ALLOWED_POLICIES,
     Topics,
     WorkerProcess,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
     Topics,
     WorkerProcess,
     committed_offsets,

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bombs import (
+from harness.bombs import (
     MEASURED_MAIN,
     TOPIC_MAX_MESSAGE_BYTES,
     bomb,
     librdkafka_send,
     peak_rss_mib,
 )
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
     ALLOWED_POLICIES,
     Topics,
     WorkerProcess,

@@ -13,9 +13,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from context_assembler.cli.main import main
 from context_assembler.kafka.records import header
 from context_assembler.kafka.tools.redrive import REDRIVES
-from tests.factories import naming_policy
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
     Topics,
     WorkerProcess,
     end_offsets,
@@ -24,6 +23,7 @@ from tests.support.worker import (
     produce,
     read_topic,
 )
+from tests.factories import naming_policy
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 BAD = b'{"request_id": "bad-1", "chunks": 3}'

@@ -22,12 +22,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from context_assembler.contract.generate import canonical, json_schemas
 from context_assembler.intake.framing import frame, split
 from context_assembler.kafka.records import ERR, header
-from tests.support.broker import Broker
-from tests.support.codecs import librdkafka_produce, librdkafka_read
-from tests.support.doc_blocks import fresh_shell_env, one_at_a_time, problems, run_block
-from tests.support.docs import section_blocks
-from tests.support.registry import SchemaRegistryProcess
-from tests.support.worker import (
+from harness.codecs import librdkafka_produce, librdkafka_read
+from harness.kafka import Broker
+from harness.registry import Registry
+from harness.worker import (
     ALLOWED_POLICIES,
     Topics,
     WorkerProcess,
@@ -39,13 +37,15 @@ from tests.support.worker import (
     read_topic,
     wait_for,
 )
+from tests.support.doc_blocks import fresh_shell_env, one_at_a_time, problems, run_block
+from tests.support.docs import section_blocks
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
 CONTRACT = canonical(json_schemas()["retrieval-result"])
 UNKNOWN_ID = 987654
 
 
-def topic_env(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) -> dict[str, str]:
+def topic_env(broker: Broker, topics: Topics, registry: Registry) -> dict[str, str]:
     return {"ASSEMBLER_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
             "ASSEMBLER_INPUT_TOPIC": topics.input, "ASSEMBLER_PROMPTS_TOPIC": topics.prompts,
             "ASSEMBLER_AUDIT_TOPIC": topics.audit, "ASSEMBLER_DLQ_TOPIC": topics.dlq,
@@ -53,7 +53,7 @@ def topic_env(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) -
             "ASSEMBLER_SCHEMA_REGISTRY_URL": registry.url}
 
 
-def register(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) -> dict[str, int]:
+def register(broker: Broker, topics: Topics, registry: Registry) -> dict[str, int]:
     """`context-assembler schemas register` for the topics: subject -> id."""
     done = subprocess.run([sys.executable, "-m", "context_assembler.cli", "schemas", "register"],
                           env={**os.environ, **topic_env(broker, topics, registry)},
@@ -75,7 +75,7 @@ def command(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           timeout=120, check=False)
 
 
-def serialized(registry: SchemaRegistryProcess, topic: str, lines: list[bytes]) -> list[bytes]:
+def serialized(registry: Registry, topic: str, lines: list[bytes]) -> list[bytes]:
     """The events as confluent-kafka's JSONSerializer frames them: the id of the contract's
     schema under <topic>-value, looked up (not registered: `schemas register` did)."""
     client = SchemaRegistryClient({"url": registry.url})
@@ -84,7 +84,7 @@ def serialized(registry: SchemaRegistryProcess, topic: str, lines: list[bytes]) 
     return [serializer(json.loads(line), context) for line in lines]
 
 
-def deserialized(registry: SchemaRegistryProcess, topic: str, value: bytes) -> object:
+def deserialized(registry: Registry, topic: str, value: bytes) -> object:
     client = SchemaRegistryClient({"url": registry.url})
     return JSONDeserializer(None, schema_registry_client=client)(
         value, SerializationContext(topic, MessageField.VALUE))
@@ -92,7 +92,7 @@ def deserialized(registry: SchemaRegistryProcess, topic: str, value: bytes) -> o
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
-    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path, guarantee: str,
+    broker: Broker, schema_registry: Registry, logs: Path, guarantee: str,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
@@ -171,7 +171,7 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_back(
-    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path, guarantee: str,
+    broker: Broker, schema_registry: Registry, logs: Path, guarantee: str,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
@@ -213,7 +213,7 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
 
 
 async def test_a_worker_whose_output_schemas_are_not_registered_stops_at_start(
-    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path,
+    broker: Broker, schema_registry: Registry, logs: Path,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
@@ -228,7 +228,7 @@ async def test_a_worker_whose_output_schemas_are_not_registered_stops_at_start(
 
 
 def test_register_registers_nothing_when_a_subjects_rule_refuses_a_schema(
-    schema_registry: SchemaRegistryProcess,
+    schema_registry: Registry,
 ) -> None:
     tag = os.urandom(4).hex()
     env = {"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url,

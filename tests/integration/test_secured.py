@@ -14,8 +14,8 @@ import pytest
 
 from context_assembler.kafka.tools.acls import Acl, worker_acls
 from context_assembler.settings import Settings
-from tests.support.secured_broker import ASSEMBLER, MTLS_CN, SecuredBroker, unsigned_token
-from tests.support.worker import (
+from harness.secured import ASSEMBLER, MTLS_CN, SecuredBroker, unsigned_token
+from harness.worker import (
     Topics,
     WorkerProcess,
     events,

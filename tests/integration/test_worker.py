@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
     Topics,
     WorkerProcess,
     events,

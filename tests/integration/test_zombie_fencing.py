@@ -16,8 +16,8 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
     Topics,
     WorkerProcess,
     events,

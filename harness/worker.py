@@ -26,10 +26,11 @@ from aiokafka.structs import ConsumerRecord
 from context_assembler import filemode
 from context_assembler.intake.codec import Limits
 from context_assembler.intake.policy_registry import build_registry
-from tests.factories import EXAMPLES
-from tests.support.broker import Broker
+from harness.jvm import REPO
+from harness.kafka import Broker
 
 Header = tuple[str, bytes]
+EXAMPLES = REPO / "examples"
 # The policies the tests' workers allow a request to name (no shipped example names one;
 # tests that do, name this preset: tests.factories.naming_policy).
 ALLOWED_POLICIES = ["window-8k"]
@@ -246,7 +247,8 @@ def events(count: int) -> list[bytes]:
 
 def file_mode(lines: list[bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
     prompts, audits = io.BytesIO(), io.BytesIO()
-    filemode.run([("events", io.BytesIO(b"\n".join(lines)))], build_registry(None, ALLOWED_POLICIES), Limits(),
+    filemode.run([("events", io.BytesIO(b"\n".join(lines)))],
+                 build_registry(None, ALLOWED_POLICIES), Limits(),
                  prompts=prompts, audits=audits, errors=io.BytesIO())
 
     def by_id(data: bytes) -> dict[str, bytes]:
