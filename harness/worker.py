@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -147,6 +148,15 @@ class WorkerProcess:
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_path.read_text("utf-8", "replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+class StartWorker(Protocol):
+    """The integration tests' `running_worker` fixture: a started worker on `topics`,
+    stopped after the test."""
+
+    def __call__(self, topics: Topics, guarantee: str = "at_least_once", *,
+                 log: str = "worker", env: dict[str, str] | None = None,
+                 broker: Broker | None = None, ready: bool = True) -> WorkerProcess: ...
 
 
 async def produce(broker: Broker, topic: str,

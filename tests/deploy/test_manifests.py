@@ -17,9 +17,9 @@ import os
 import posixpath
 import re
 import shutil
-import sys
 import socket
 import subprocess
+import sys
 import tomllib
 import typing
 from pathlib import Path
@@ -29,11 +29,11 @@ import jsonschema
 import pytest
 import yaml
 
-from bench.memory_bench import LIMIT_MB
 from context_assembler.intake.policy_registry import load_policy
 from context_assembler.kafka.tools.topics import worker_topics
 from context_assembler.observability.tracing import ENDPOINT_VARIABLE
 from context_assembler.settings import Settings
+from harness.budgets import WORKER_RSS_LIMIT_MB
 from tests.deploy import kustomize
 from tests.deploy.kubeconform import KUBERNETES_VERSIONS, strict_schema
 from tests.deploy.kustomize import Object
@@ -552,9 +552,8 @@ def test_resources_follow_the_measurements(container: Object) -> None:
     assert "cpu" not in resources.get("limits", {})
     request = _memory_mib(resources["requests"]["memory"])
     limit = _memory_mib(resources["limits"]["memory"])
-    # `bench.memory_bench` fails if maximum-size events push the worker's RSS past LIMIT_MB.
     assert request <= limit
-    assert limit * 2**20 > LIMIT_MB * 10**6
+    assert limit * 2**20 > WORKER_RSS_LIMIT_MB * 10**6
 
 
 def test_pod_runs_as_the_images_non_root_user(

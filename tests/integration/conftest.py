@@ -38,18 +38,18 @@ class StartWorker(Protocol):
 
 
 @pytest.fixture
-def running_worker(broker: Broker, logs: Path) -> Iterator[StartWorker]:
-    """Starts `context-assembler worker` on `topics` (log in logs/<log>.log), by default on
-    the session's broker and ready to consume; every worker it started is stopped after the
-    test, whatever the test did to it (stopped, killed, left running)."""
+def running_worker(request: pytest.FixtureRequest, logs: Path) -> Iterator[StartWorker]:
+    """Starts `context-assembler worker` on `topics` (log in logs/<log>.log), on the session's
+    broker unless told another, and by default waits until it is ready. Every worker it
+    started is stopped after the test, whatever the test did to it (stopped, killed, left
+    running), so a failing test leaves no process behind."""
     started: list[WorkerProcess] = []
-    session_broker = broker
 
     def start(topics: Topics, guarantee: str = "at_least_once", *, log: str = "worker",
               env: dict[str, str] | None = None, broker: Broker | None = None,
               ready: bool = True) -> WorkerProcess:
-        worker = WorkerProcess(broker or session_broker, topics, logs / f"{log}.log",
-                               guarantee=guarantee, extra_env=env or {})
+        worker = WorkerProcess(broker or request.getfixturevalue("broker"), topics,
+                               logs / f"{log}.log", guarantee=guarantee, extra_env=env or {})
         started.append(worker.start())
         if ready:
             worker.wait_ready()

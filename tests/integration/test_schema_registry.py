@@ -27,8 +27,8 @@ from harness.kafka import Broker
 from harness.registry import Registry
 from harness.worker import (
     ALLOWED_POLICIES,
+    StartWorker,
     Topics,
-    WorkerProcess,
     end_offsets,
     events,
     file_mode,
@@ -93,6 +93,7 @@ def deserialized(registry: Registry, topic: str, value: bytes) -> object:
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
     broker: Broker, schema_registry: Registry, logs: Path, guarantee: str,
+    running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
@@ -104,9 +105,8 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
     assert {split(value)[0] for value in framed} == {ids[f"{topics.input}-value"]}
     unknown = frame(UNKNOWN_ID, lines[0])
     mismatch = frame(ids[f"{topics.input}-value"], b'{"request_id": "no-question", "chunks": []}')
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
-    worker.start()
+    worker = running_worker(topics, guarantee, ready=False,
+                            env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
     try:
         await asyncio.to_thread(worker.wait_ready)
         records = [(json.loads(line)["request_id"].encode(), value)
@@ -172,6 +172,7 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_back(
     broker: Broker, schema_registry: Registry, logs: Path, guarantee: str,
+    running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
@@ -184,9 +185,8 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
     expected_prompts, _ = file_mode(lines)
     first = [frame(ids[f"{topics.input}-value"], line) for line in lines[:10]]
     held = [frame(other_id, line) for line in lines[10:]]
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
-    worker.start()
+    worker = running_worker(topics, guarantee, ready=False,
+                            env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
     try:
         await asyncio.to_thread(worker.wait_ready)
         await produce(broker, topics.input, [(None, value, []) for value in first])
@@ -213,13 +213,12 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
 
 
 async def test_a_worker_whose_output_schemas_are_not_registered_stops_at_start(
-    broker: Broker, schema_registry: Registry, logs: Path,
+    broker: Broker, schema_registry: Registry, logs: Path, running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
-    worker = WorkerProcess(broker, topics, logs / "worker.log",
-                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
-    worker.start()
+    worker = running_worker(topics, ready=False,
+                            env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
     assert worker.process is not None
     assert await asyncio.to_thread(worker.process.wait, 120) == 2
     assert (f"cannot start: subject {topics.prompts}-value does not hold this version's "
