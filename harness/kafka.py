@@ -38,7 +38,6 @@ from harness.jvm import (
 T = TypeVar("T")
 READY_TIMEOUT = float(os.environ.get("KAFKA_READY_TIMEOUT", "90"))
 CLUSTER_READY_TIMEOUT = float(os.environ.get("KAFKA_READY_TIMEOUT", "120"))
-TOPIC_ALREADY_EXISTS = 36
 SINGLE_NODE = """\
 offsets.topic.replication.factor=1
 offsets.topic.num.partitions=1
@@ -211,6 +210,7 @@ class Broker(ABC):
         `configs` are topic configs, such as a max.message.bytes below the worker's.
         """
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+        from aiokafka.errors import TopicAlreadyExistsError
 
         configs = {**({"cleanup.policy": "compact"} if compacted else {}), **(configs or {})}
         topics = [NewTopic(name, partitions, replication_factor, topic_configs=configs)
@@ -222,7 +222,7 @@ class Broker(ABC):
             failures = [
                 f"{error['topic']}: {error['error_message']}"
                 for error in response.to_object()["topic_errors"]
-                if error["error_code"] not in (0, TOPIC_ALREADY_EXISTS)
+                if error["error_code"] not in (0, TopicAlreadyExistsError.errno)
             ]
             if failures:
                 raise RuntimeError("could not create topics: " + "; ".join(failures))
