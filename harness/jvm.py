@@ -134,7 +134,6 @@ class Jvm:
             return False
         child = _children.get(pid)
         if child is not None and child.poll() is not None:
-            del _children[pid]
             return False
         try:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -142,6 +141,18 @@ class Jvm:
         except (OSError, IndexError):
             return False
         return stat != "Z" and self.main_class.encode() in cmdline
+
+    def exit_status(self) -> str:
+        """How a JVM this process started ended, for an error message."""
+        try:
+            child = _children.get(self.pid)
+        except (OSError, ValueError):
+            return "no pid file"
+        if child is None or child.returncode is None:
+            return "not a child of this process"
+        if child.returncode < 0:
+            return f"killed by {signal.Signals(-child.returncode).name}"
+        return f"exit status {child.returncode}"
 
     def launch(self, command: Sequence[str], cwd: Path | None = None) -> None:
         with self.log.open("ab") as log:

@@ -156,7 +156,8 @@ async def wait_ready(client_args: dict[str, Any], jvms: list[Jvm], brokers: int,
         while True:
             for jvm in jvms:
                 if not jvm.running():
-                    raise HarnessError(f"broker process {jvm.directory} exited")
+                    raise HarnessError(f"the broker of {jvm.directory} exited "
+                                       f"({jvm.exit_status()})")
             admin = AIOKafkaAdminClient(request_timeout_ms=5000, **client_args)
             try:
                 await admin.start()
