@@ -133,8 +133,8 @@ class Jvm:
         except (OSError, ValueError):
             return False
         child = _children.get(pid)
-        if child is not None and child.poll() is not None:
-            return False
+        if child is not None:  # ours: its pid cannot be reused before we reap it
+            return child.poll() is None
         try:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -148,8 +148,10 @@ class Jvm:
             child = _children.get(self.pid)
         except (OSError, ValueError):
             return "no pid file"
-        if child is None or child.returncode is None:
+        if child is None:
             return "not a child of this process"
+        if child.poll() is None:
+            return "still running"
         if child.returncode < 0:
             return f"killed by {signal.Signals(-child.returncode).name}"
         return f"exit status {child.returncode}"

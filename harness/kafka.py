@@ -338,7 +338,7 @@ def running_broker(workdir: Path) -> Iterator[Broker]:
         broker.stop()
 
 
-class Cluster(Broker):
+class Cluster:
     """`nodes` KRaft nodes in `workdir`/nodeK: replication factor 3 (or `nodes` if fewer),
     min.insync.replicas=2, unclean leader election off; 384 MB heaps (KAFKA_HEAP)."""
 
@@ -399,7 +399,8 @@ class Cluster(Broker):
         nodes = [self.node(i) for i in self.node_ids()]
         jvms = [node.jvm for node in nodes if node.jvm.running()]
         try:
-            run_sync(wait_ready(self.client_args(), jvms, len(nodes), CLUSTER_READY_TIMEOUT))
+            run_sync(wait_ready({"bootstrap_servers": self.bootstrap_servers}, jvms, len(nodes),
+                                CLUSTER_READY_TIMEOUT))
         except HarnessError as error:
             logs = "\n".join(node.jvm.first_errors(0) for node in nodes)
             if stop_on_failure:
@@ -438,10 +439,8 @@ class Cluster(Broker):
     def resume(self, node_id: int) -> None:
         self._signal(node_id, signal.SIGCONT)
 
-    def restart(self, node_id: int | None = None) -> None:
+    def restart(self, node_id: int) -> None:
         """Start a killed node again on its ports and data; returns once all nodes are back."""
-        if node_id is None:
-            raise HarnessError("name the node to restart")
         node = self.node(node_id)
         if node.jvm.running():
             raise HarnessError(f"node {node_id} of {self.workdir} is running")
