@@ -8,6 +8,8 @@ DEV    := $(VENV)/.dev-tools-installed
 OUT    := out
 # The development broker's config, data and log (the docs' tests set their own).
 KAFKA_DIR ?= .kafka/dev
+# The brokers, cluster and registry of the tests and of these targets (harness/__main__.py).
+HARNESS := $(BIN)/python -m harness
 
 .PHONY: help demo dev wheel test test-unit test-lowest lint docs docs-serve check-docs docs-settings check check-deploy check-kubeconform check-helm prometheus-rule bench bench-quality bench-kafka chaos schemas broker-start broker-address broker-stop clean
 
@@ -62,7 +64,7 @@ test-lowest: $(DEV)  ## unit tests at the lowest direct versions allowed
 	    --deselect tests/kafka/test_batches.py::test_the_guard_names_the_aiokafka_it_was_read_against
 
 lint: $(DEV)  ## ruff and mypy --strict
-	$(BIN)/ruff check worker tests bench
+	$(BIN)/ruff check worker tests bench harness
 	$(BIN)/mypy
 
 check: lint test  ## lint, then every test
@@ -165,18 +167,18 @@ chaos: $(DEV)  ## faults on a 3-node cluster: out/chaos/report.json, timeline.pn
 		--worker-env ASSEMBLER_COMMIT_INTERVAL_MS=0 --out $(OUT)/chaos-back-to-back
 
 broker-start: $(BIN)/context-assembler  ## a local Kafka broker and the worker's topics; prints host:port
-	@if bash scripts/kafka.sh bootstrap $(KAFKA_DIR) >/dev/null 2>&1; then \
+	@if $(HARNESS) broker address $(KAFKA_DIR) >/dev/null 2>&1; then \
 	    echo "a broker is already running from $(KAFKA_DIR) (make broker-stop stops it)" >&2; \
-	else PYTHON=$(BIN)/python bash scripts/kafka.sh start $(KAFKA_DIR) >/dev/null; fi
-	@$(BIN)/context-assembler topics create --bootstrap-servers "$$(bash scripts/kafka.sh bootstrap $(KAFKA_DIR))"
-	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR)
+	else $(HARNESS) broker start $(KAFKA_DIR) >/dev/null; fi
+	@$(BIN)/context-assembler topics create --bootstrap-servers "$$($(HARNESS) broker address $(KAFKA_DIR))"
+	@$(HARNESS) broker address $(KAFKA_DIR)
 
 broker-address:  ## host:port of the broker broker-start started, while it runs
-	@bash scripts/kafka.sh bootstrap $(KAFKA_DIR) 2>/dev/null || \
+	@$(HARNESS) broker address $(KAFKA_DIR) 2>/dev/null || \
 	    echo "no broker is running from $(KAFKA_DIR) (make broker-start starts one)" >&2
 
 broker-stop:  ## stop the broker broker-start started
-	bash scripts/kafka.sh stop $(KAFKA_DIR)
+	$(HARNESS) broker stop $(KAFKA_DIR)
 
 clean:  ## remove the venvs, outputs, built tools and caches
 	rm -rf $(VENV) $(LOWEST) $(OUT) site dist build $(ASYNCAPI)/node_modules $(MERMAID)/node_modules .tools .kafka .pytest_cache .mypy_cache .ruff_cache

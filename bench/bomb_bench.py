@@ -1,6 +1,6 @@
 """Decompression bombs: the peak resident set of the worker and of `replay` reading one.
 
-Run `python -m bench.bomb_bench` (about five minutes; a broker from scripts/kafka.sh unless
+Run `python -m bench.bomb_bench` (about five minutes; a broker from the harness unless
 KAFKA_BOOTSTRAP_SERVERS names one). For each codec, librdkafka writes one record of a JSON
 prefix and `--mib` MiB of spaces (snappy at most 64: it compresses 21-fold at most, and the
 topic takes 4 MB records), then two valid events; the worker under each guarantee, then
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.bombs import (
+from harness.bombs import (
     MEASURED_MAIN,
     TOPIC_MAX_MESSAGE_BYTES,
     MiB,
@@ -28,8 +28,8 @@ from tests.support.bombs import (
     librdkafka_send,
     peak_rss_mib,
 )
-from tests.support.broker import Broker, running_broker
-from tests.support.worker import ALLOWED_POLICIES, Topics, WorkerProcess, events, read_topic
+from harness.kafka import Broker, running_broker
+from harness.worker import ALLOWED_POLICIES, Topics, WorkerProcess, events, read_topic
 
 CODECS = ("zstd", "gzip", "lz4", "snappy")
 MOST_SNAPPY_MIB = 64

@@ -43,7 +43,6 @@ import json
 import math
 import os
 import platform
-import re
 import resource
 import statistics
 import subprocess
@@ -66,6 +65,7 @@ from context_assembler.engine.vocabulary import load_encoding
 from context_assembler.intake.codec import Limits, encode
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policy_registry import PolicyRegistry, load_policy
+from harness.seed_000 import naive_format, naive_jaccard
 
 if TYPE_CHECKING:  # imported where the tokenizer is trained: the naive contender never does
     import tokenizers
@@ -134,27 +134,6 @@ def cold_case(corpus: Corpus, size: int, index: int) -> Case:
 # --------------------------------------------------------------------------------------
 # Contenders
 # --------------------------------------------------------------------------------------
-
-
-def naive_format(chunk: Chunk) -> str:
-    """Seed 000's `format_passage`: the header, a newline, the text."""
-    dates = f"in force from {chunk.effective_from}" + (
-        f" to {chunk.effective_to}" if chunk.effective_to else ", no end date"
-    )
-    return (
-        f"[{chunk.chunk_id}] {chunk.title} | {chunk.doc_type}, version {chunk.version}, "
-        f"{dates} | section: {chunk.section or '-'}\n{chunk.text}"
-    )
-
-
-def naive_word_set(text: str) -> set[str]:
-    body = text.split("\n", 1)[1] if "\n" in text else text
-    return set(re.findall(r"\w+", body.lower()))
-
-
-def naive_jaccard(a: str, b: str) -> float:
-    wa, wb = naive_word_set(a), naive_word_set(b)
-    return len(wa & wb) / len(wa | wb) if wa | wb else 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,9 +85,9 @@ from context_assembler.engine import caches
 from context_assembler.intake.codec import Limits, encode
 from context_assembler.intake.policy_registry import build_registry
 from context_assembler.settings import DEFAULT_COMMIT_INTERVAL_MS
-from tests.support.broker import Broker, broker_from_env
-from tests.support.codecs import batches_of
-from tests.support.worker import Topics, WorkerProcess, read_topic
+from harness.codecs import batches_of
+from harness.kafka import Broker, broker_from_env
+from harness.worker import Topics, WorkerProcess, read_topic
 
 PARTITIONS = 6
 ALO, EOS = "at_least_once", "exactly_once"

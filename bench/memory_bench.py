@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
-LIMIT_MB: Final = 400.0
+from harness.budgets import WORKER_RSS_LIMIT_MB
+
+LIMIT_MB: Final = WORKER_RSS_LIMIT_MB
 PLATEAU_MB: Final = 32.0  # allocator noise; a leak of one event's word sets is ~100 MB
 BIG_CHUNKS: Final = 41  # a short one first, then 40 long ones
 BIG_CHARS: Final = 99_000

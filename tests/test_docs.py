@@ -67,8 +67,8 @@ CHECKED: dict[tuple[str, str], tuple[str, str]] = {
         "test_every_pod_mounts_the_kafka_secret_read_only_and_optional",
         "needs a cluster: the pods mount the Secret it creates"),
     ("docs/operations.md", "## Faults on a replicated cluster"): (
-        "tests/chaos/test_cluster_script.py",
-        "starts three brokers (CI runs them in `make chaos`); the script's bookkeeping is "
+        "tests/harness/test_cli.py",
+        "starts three brokers (CI runs them in `make chaos`); the harness's bookkeeping is "
         "tested without a JVM"),
     ("docs/performance.md", "## The engine"): (
         "tests/test_docs.py::test_the_benchmark_commands_name_real_targets_and_flags",

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.chaos.cluster import Cluster
-from tests.support.worker import WorkerProcess
+from harness.kafka import Cluster
+from harness.worker import WorkerProcess
 
 KILL_WORKER = "kill_worker"  # kill -9, then started again with the same group.instance.id
 PAUSE_WORKER = "pause_worker"  # SIGSTOP past the session timeout, then SIGCONT: a zombie

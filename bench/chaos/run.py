@@ -50,11 +50,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.chaos import faults
-from bench.chaos.cluster import Cluster
 from bench.chaos.report import phase_latencies, write_report
 from bench.kafka_bench import make_events
-from tests.support.broker import ExternalBroker
-from tests.support.worker import Topics, WorkerProcess, file_mode
+from harness.kafka import Cluster, ExternalBroker
+from harness.worker import Topics, WorkerProcess, file_mode
 
 ALO, EOS = "at_least_once", "exactly_once"
 PARTITIONS = 6

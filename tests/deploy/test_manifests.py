@@ -19,6 +19,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tomllib
 import typing
 from pathlib import Path
@@ -28,11 +29,11 @@ import jsonschema
 import pytest
 import yaml
 
-from bench.memory_bench import LIMIT_MB
 from context_assembler.intake.policy_registry import load_policy
 from context_assembler.kafka.tools.topics import worker_topics
 from context_assembler.observability.tracing import ENDPOINT_VARIABLE
 from context_assembler.settings import Settings
+from harness.budgets import WORKER_RSS_LIMIT_MB
 from tests.deploy import kustomize
 from tests.deploy.kubeconform import KUBERNETES_VERSIONS, strict_schema
 from tests.deploy.kustomize import Object
@@ -551,9 +552,8 @@ def test_resources_follow_the_measurements(container: Object) -> None:
     assert "cpu" not in resources.get("limits", {})
     request = _memory_mib(resources["requests"]["memory"])
     limit = _memory_mib(resources["limits"]["memory"])
-    # `bench.memory_bench` fails if maximum-size events push the worker's RSS past LIMIT_MB.
     assert request <= limit
-    assert limit * 2**20 > LIMIT_MB * 10**6
+    assert limit * 2**20 > WORKER_RSS_LIMIT_MB * 10**6
 
 
 def test_pod_runs_as_the_images_non_root_user(
@@ -788,18 +788,14 @@ def test_one_kafka_version_for_compose_and_the_tests_broker(
     image = services["kafka"]["image"]
     assert re.fullmatch(r"apache/kafka:\$\{KAFKA_VERSION(:\?[^}]*)?\}", image), image
     assert _interpolate(image) == f"apache/kafka:{version}"
-    # The Maven project names no version of its own: scripts/kafka.sh passes .env's.
+    # The Maven project names no version of its own: the harness passes .env's.
     pom = (REPO / "deploy" / "kafka" / "pom.xml").read_text(encoding="utf-8")
     assert "<kafka.version>" not in pom and "${kafka.version}" in pom
-    # scripts/kafka.sh reads the version from .env: with no Maven on PATH it says which it needs.
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    for tool in ("dirname", "sed"):
-        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    # The harness reads the version from .env: with no Maven on PATH it says which it needs.
     result = subprocess.run(
-        [shutil.which("bash") or "bash", str(REPO / "scripts" / "kafka.sh"), "fetch"],
+        [sys.executable, "-m", "harness", "fetch"], cwd=REPO,
         capture_output=True, text=True, timeout=30, check=False,
-        env={**os.environ, "PATH": str(tools), "KAFKA_CACHE_DIR": str(tmp_path / "cache")},
+        env={**os.environ, "PATH": str(tmp_path), "KAFKA_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert result.returncode == 1
     assert f"'mvn' not found on PATH (Kafka {version} needs" in result.stderr

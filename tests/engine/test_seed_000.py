@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.engine_bench import naive_format, naive_jaccard
 from context_assembler.contract.models import Chunk, RetrievalResult
 from context_assembler.diagnose.explain import SEED_BUDGETS, sweep
 from context_assembler.engine import assemble
 from context_assembler.engine.policy import Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter
 from context_assembler.intake.policy_registry import load_preset
+from harness.seed_000 import naive_format, naive_jaccard
 from tests.factories import chunk, event, example
 
 ESTIMATED = load_preset("estimated")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker, running_broker
-from tests.support.worker import (
+from harness.kafka import Broker, running_broker
+from harness.worker import (
+    StartWorker,
     Topics,
-    WorkerProcess,
     events,
     keyed,
     produce,
@@ -31,28 +31,25 @@ def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_worker_recovers_from_a_broker_restart(
-    own_broker: Broker, tmp_path: Path, guarantee: str
+    own_broker: Broker, tmp_path: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(own_broker)
     lines = events(200)
-    worker = WorkerProcess(own_broker, topics, tmp_path / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
-    try:
-        worker.wait_ready()
-        await produce(own_broker, topics.input, keyed(lines[:100]))
-        await wait_for(lambda: worker.metric(
-            'context_assembler_events_total{outcome="assembled"}') >= 20)
-        own_broker.restart()
-        await produce(own_broker, topics.input, keyed(lines[100:]))
-        committed = guarantee == "exactly_once"
-        prompts = await read_topic(own_broker, topics.prompts, until=200, timeout=240,
-                                   committed_only=committed, settle=3)
-        ids = [json.loads(r.value)["request_id"] for r in prompts]
-        assert set(ids) == {json.loads(line)["request_id"] for line in lines}, worker.log_tail()
-        if committed:
-            assert len(ids) == 200, f"{len(ids) - 200} duplicates under exactly_once"
-        assert worker.alive()
-        worker.wait_ready(timeout=60)
-    finally:
-        worker.stop()
+    worker = running_worker(topics, guarantee,
+                            env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"},
+                            broker=own_broker)
+    await produce(own_broker, topics.input, keyed(lines[:100]))
+    await wait_for(lambda: worker.metric(
+        'context_assembler_events_total{outcome="assembled"}') >= 20)
+    own_broker.restart()
+    await produce(own_broker, topics.input, keyed(lines[100:]))
+    committed = guarantee == "exactly_once"
+    prompts = await read_topic(own_broker, topics.prompts, until=200, timeout=240,
+                               committed_only=committed, settle=3)
+    ids = [json.loads(r.value)["request_id"] for r in prompts]
+    assert set(ids) == {json.loads(line)["request_id"] for line in lines}, worker.log_tail()
+    if committed:
+        assert len(ids) == 200, f"{len(ids) - 200} duplicates under exactly_once"
+    assert worker.alive()
+    worker.wait_ready(timeout=60)

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from tests.support.broker import Broker
+from harness.kafka import Broker
 
 pytestmark = pytest.mark.kafka
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker
-from tests.support.codecs import CODECS, batches_of, librdkafka_produce, librdkafka_read
-from tests.support.worker import (
+from harness.codecs import CODECS, batches_of, librdkafka_produce, librdkafka_read
+from harness.kafka import Broker
+from harness.worker import (
     ALLOWED_POLICIES,
+    StartWorker,
     Topics,
-    WorkerProcess,
     committed_offsets,
     end_offsets,
     events,
@@ -44,14 +44,14 @@ def request_ids(lines: list[bytes]) -> list[bytes]:
     ("at_least_once", "gzip"), ("exactly_once", "snappy"),
 ])
 async def test_librdkafka_input_in_every_codec_is_answered_and_read_back_byte_equal(
-    broker: Broker, logs: Path, guarantee: str, output: str,
+    broker: Broker, logs: Path, guarantee: str, output: str, running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
     lines = events(PER_CODEC * len(CODECS))
     expected_prompts, expected_audits = file_mode(lines)
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_COMPRESSION_TYPE": output}).start()
+    worker = running_worker(topics, guarantee, env={"ASSEMBLER_COMPRESSION_TYPE": output},
+                            ready=False)
     try:
         await asyncio.to_thread(worker.wait_ready)
         for n, codec in enumerate(CODECS):
@@ -84,7 +84,7 @@ async def test_librdkafka_input_in_every_codec_is_answered_and_read_back_byte_eq
 
 
 async def test_a_codec_the_worker_cannot_decode_stops_it_unready_and_uncommitted_past_it(
-    broker: Broker, logs: Path, tmp_path: Path,
+    broker: Broker, logs: Path, tmp_path: Path, running_worker: StartWorker,
 ) -> None:
     hidden = tmp_path / "no-codecs"
     hidden.mkdir()
@@ -92,9 +92,8 @@ async def test_a_codec_the_worker_cannot_decode_stops_it_unready_and_uncommitted
     topics = Topics.fresh()
     await topics.create(broker, partitions=1)
     plain, compressed = events(10)[:5], events(10)[5:]
-    worker = WorkerProcess(broker, topics, logs / "worker.log",  # gzip: the standard library's
-                           extra_env={"PYTHONPATH": str(hidden),
-                                      "ASSEMBLER_COMPRESSION_TYPE": "gzip"}).start()
+    worker = running_worker(topics, env={"PYTHONPATH": str(hidden),
+                                      "ASSEMBLER_COMPRESSION_TYPE": "gzip"}, ready=False)
     try:
         await asyncio.to_thread(worker.wait_ready)
         await produce(broker, topics.input, keyed(plain))

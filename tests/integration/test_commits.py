@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
+    StartWorker,
     Topics,
-    WorkerProcess,
     committed_offsets,
     events,
     keyed,
@@ -46,13 +46,12 @@ def sources(records: list[ConsumerRecord]) -> set[tuple[int, int]]:
 
 
 async def test_sigkill_never_commits_past_an_undelivered_event(
-    broker: Broker, logs: Path
+    broker: Broker, logs: Path, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
     lines = events(STREAM)
-    first = WorkerProcess(broker, topics, logs / "first.log").start()
-    first.wait_ready()
+    first = running_worker(topics, log="first")
     await produce(broker, topics.input, keyed(lines))
     await wait_for(lambda: first.metric(ASSEMBLED) >= 60)
     for _ in range(100):  # kill once a commit has landed, so there is something to check
@@ -68,10 +67,6 @@ async def test_sigkill_never_commits_past_an_undelivered_event(
     below = {(p, o) for p, end in committed.items() for o in range(end)}
     assert below <= sources(prompts), "committed past an event without its prompt"
     assert below <= sources(audits), "committed past an event without its audit"
-    again = WorkerProcess(broker, topics, logs / "second.log").start()
-    try:
-        again.wait_ready()
-        prompts = await read_topic(broker, topics.prompts, until=STREAM, settle=3)
-        assert set(request_ids(prompts)) == {json.loads(line)["request_id"] for line in lines}
-    finally:
-        again.stop()
+    running_worker(topics, log="second")
+    prompts = await read_topic(broker, topics.prompts, until=STREAM, settle=3)
+    assert set(request_ids(prompts)) == {json.loads(line)["request_id"] for line in lines}

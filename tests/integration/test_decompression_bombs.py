@@ -22,18 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bombs import (
+from harness.bombs import (
     MEASURED_MAIN,
     TOPIC_MAX_MESSAGE_BYTES,
     bomb,
     librdkafka_send,
     peak_rss_mib,
 )
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
     ALLOWED_POLICIES,
+    StartWorker,
     Topics,
-    WorkerProcess,
     committed_offsets,
     end_offsets,
     events,
@@ -82,14 +82,13 @@ def assert_bombs_dead_lettered(letters: list[dict[str, bytes]]) -> None:
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_bombs_are_dead_lettered_within_the_memory_bound(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     valid = await plant_bombs(broker, topics)
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
+    worker = running_worker(topics, guarantee,
+                            env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"})
     try:
-        worker.wait_ready()
         committed = guarantee == "exactly_once"
         dead = await read_topic(broker, topics.dlq, until=len(CODECS), committed_only=committed,
                                 settle=1)
@@ -112,7 +111,7 @@ async def test_bombs_are_dead_lettered_within_the_memory_bound(
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_batches_each_under_the_bound_are_read_within_the_memory_bound(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     """Each batch decodes (30 MiB of spaces, under the 32 MiB bound), so only the read-ahead's
     bound in bytes keeps them from piling up: 32 of them (32 KB on the broker) held 1.4 GiB
@@ -124,10 +123,9 @@ async def test_batches_each_under_the_bound_are_read_within_the_memory_bound(
     valid = events(2)
     librdkafka_send(broker, topics.input, "zstd",
                     [(json.loads(v)["request_id"].encode(), v) for v in valid])
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
+    worker = running_worker(topics, guarantee,
+                            env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"})
     try:
-        worker.wait_ready()
         committed = guarantee == "exactly_once"
         prompts = await read_topic(broker, topics.prompts, until=len(valid),
                                    committed_only=committed, settle=1, timeout=300)

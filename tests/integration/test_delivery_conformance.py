@@ -16,8 +16,9 @@ import orjson
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
+    StartWorker,
     Topics,
     WorkerProcess,
     events,
@@ -64,18 +65,14 @@ async def answered_once(broker: Broker, topics: Topics, lines: list[bytes],
 
 
 async def test_outputs_keep_the_input_order_of_each_partition(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
     lines = events(300)
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee).start()
-    try:
-        worker.wait_ready()
-        await produce(broker, topics.input, keyed(lines))
-        prompts = await outputs(broker, topics.prompts, len(lines), guarantee)
-    finally:
-        worker.stop()
+    running_worker(topics, guarantee)
+    await produce(broker, topics.input, keyed(lines))
+    prompts = await outputs(broker, topics.prompts, len(lines), guarantee)
     # A key's outputs share a partition, read back in the order they were published.
     for partition in {record.partition for record in prompts}:
         published = [source(r) for r in prompts if r.partition == partition]
@@ -86,7 +83,7 @@ async def test_outputs_keep_the_input_order_of_each_partition(
 
 
 async def test_bad_input_goes_to_the_dead_letter_topic_and_the_stream_goes_on(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker, partitions=1)  # one partition: a poison pill must not stall it
@@ -105,92 +102,75 @@ async def test_bad_input_goes_to_the_dead_letter_topic_and_the_stream_goes_on(
         interleaved.append((json.loads(line)["request_id"].encode(), line, []))
         interleaved.append((name.encode(), raw, [("traceparent", TRACEPARENT)]))
     interleaved.append((b"last", good[-1], []))
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_MAX_EVENT_BYTES": "200000"}).start()
-    try:
-        worker.wait_ready()
-        await produce(broker, topics.input, interleaved)
-        dead = await outputs(broker, topics.dlq, len(bad), guarantee, settle=1)
-        prompts = await outputs(broker, topics.prompts, len(good), guarantee, settle=1)
-        assert sorted(r.key.decode() for r in dead) == sorted(bad)
-        for record in dead:
-            headers = dict(record.headers)
-            assert record.value == bad[record.key.decode()]  # the original bytes, untouched
-            assert headers["__connect.errors.topic"] == topics.input.encode()
-            assert int(headers["__connect.errors.offset"]) >= 0
-            assert headers["__connect.errors.exception.message"]
-            assert headers["traceparent"] == TRACEPARENT  # original headers are kept
-        reasons = {r.key.decode(): dict(r.headers)["__connect.errors.exception.class.name"]
-                   for r in dead}
-        assert reasons == {"json": b"RejectedInput.json", "utf8": b"RejectedInput.json",
-                           "schema": b"RejectedInput.schema", "limits": b"RejectedInput.limits",
-                           "policy": b"RejectedInput.policy"}
-        assert {json.loads(r.value)["request_id"] for r in prompts} == {
-            json.loads(line)["request_id"] for line in good}
-        assert worker.alive() and worker.get("/health")[0] == 200
-        assert worker.metric("context_assembler_dlq_records_total") == len(bad)
-    finally:
-        worker.stop()
+    worker = running_worker(topics, guarantee, env={"ASSEMBLER_MAX_EVENT_BYTES": "200000"})
+    await produce(broker, topics.input, interleaved)
+    dead = await outputs(broker, topics.dlq, len(bad), guarantee, settle=1)
+    prompts = await outputs(broker, topics.prompts, len(good), guarantee, settle=1)
+    assert sorted(r.key.decode() for r in dead) == sorted(bad)
+    for record in dead:
+        headers = dict(record.headers)
+        assert record.value == bad[record.key.decode()]  # the original bytes, untouched
+        assert headers["__connect.errors.topic"] == topics.input.encode()
+        assert int(headers["__connect.errors.offset"]) >= 0
+        assert headers["__connect.errors.exception.message"]
+        assert headers["traceparent"] == TRACEPARENT  # original headers are kept
+    reasons = {r.key.decode(): dict(r.headers)["__connect.errors.exception.class.name"]
+               for r in dead}
+    assert reasons == {"json": b"RejectedInput.json", "utf8": b"RejectedInput.json",
+                       "schema": b"RejectedInput.schema", "limits": b"RejectedInput.limits",
+                       "policy": b"RejectedInput.policy"}
+    assert {json.loads(r.value)["request_id"] for r in prompts} == {
+        json.loads(line)["request_id"] for line in good}
+    assert worker.alive() and worker.get("/health")[0] == 200
+    assert worker.metric("context_assembler_dlq_records_total") == len(bad)
 
 
 async def test_sigterm_mid_stream_then_restart_redoes_nothing(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
     lines = events(STREAM)
-    first = WorkerProcess(broker, topics, logs / "first.log", guarantee=guarantee).start()
+    first = running_worker(topics, guarantee, log="first")
     try:
-        first.wait_ready()
         await produce(broker, topics.input, keyed(lines))
         await wait_for(lambda: first.metric(ASSEMBLED) >= 60)
     finally:
         assert first.stop() == 0
     stopped_after = len(await outputs(broker, topics.prompts, 0, guarantee, settle=0))
     assert stopped_after < STREAM, "the stop came too late to test anything"
-    again = WorkerProcess(broker, topics, logs / "second.log", guarantee=guarantee).start()
-    try:
-        again.wait_ready()
-        await answered_once(broker, topics, lines, guarantee)
-    finally:
-        again.stop()
+    running_worker(topics, guarantee, log="second")
+    await answered_once(broker, topics, lines, guarantee)
 
 
 async def test_sigkill_mid_stream_loses_nothing(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
     lines = events(STREAM)
     same_ids = {"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}
-    worker = WorkerProcess(broker, topics, logs / "first.log", guarantee=guarantee,
-                           extra_env=same_ids).start()
-    worker.wait_ready()
+    worker = running_worker(topics, guarantee, log="first", env=same_ids)
     await produce(broker, topics.input, keyed(lines))
     await wait_for(lambda: worker.metric(ASSEMBLED) >= 60)
     worker.kill()  # SIGKILL: no goodbye, no final commit
     killed_after = len(await read_topic(broker, topics.prompts, until=0, timeout=3))
     assert killed_after < STREAM, "the kill came too late to test anything"
-    again = WorkerProcess(broker, topics, logs / "second.log", guarantee=guarantee,
-                          extra_env=same_ids).start()
-    try:
-        again.wait_ready()
-        prompts = await outputs(broker, topics.prompts, STREAM, guarantee, settle=3)
-        ids = request_ids(prompts)
-        assert set(ids) == {json.loads(line)["request_id"] for line in lines}
-        if guarantee == "exactly_once":
-            assert sum(ids.values()) == STREAM, "duplicates under exactly_once"
-    finally:
-        again.stop()
+    running_worker(topics, guarantee, log="second", env=same_ids)
+    prompts = await outputs(broker, topics.prompts, STREAM, guarantee, settle=3)
+    ids = request_ids(prompts)
+    assert set(ids) == {json.loads(line)["request_id"] for line in lines}
+    if guarantee == "exactly_once":
+        assert sum(ids.values()) == STREAM, "duplicates under exactly_once"
 
 
 async def test_a_worker_joining_mid_stream_redoes_nothing(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker, partitions=6)
     lines = events(400)
-    first = WorkerProcess(broker, topics, logs / "first.log", guarantee=guarantee).start()
+    first = running_worker(topics, guarantee, log="first", ready=False)
     second = WorkerProcess(broker, topics, logs / "second.log", guarantee=guarantee)
     try:
         first.wait_ready()
@@ -215,12 +195,12 @@ async def produce_slowly(broker: Broker, topics: Topics, lines: list[bytes], bat
 
 
 async def test_a_worker_leaving_hands_its_partitions_over_with_nothing_lost(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker, partitions=6)
-    first = WorkerProcess(broker, topics, logs / "a.log", guarantee=guarantee).start()
-    second = WorkerProcess(broker, topics, logs / "b.log", guarantee=guarantee).start()
+    first = running_worker(topics, guarantee, log="a", ready=False)
+    second = running_worker(topics, guarantee, log="b", ready=False)
     try:
         first.wait_ready()
         second.wait_ready()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker
-from tests.support.worker import Topics, produce, read_topic
+from harness.kafka import Broker
+from harness.worker import Topics, produce, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 APP = Path(__file__).resolve().parents[1] / "support" / "faust_eos_app.py"

@@ -22,7 +22,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from context_assembler.contract.catalogue import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
 from context_assembler.settings import Settings
-from tests.support.broker import Broker
+from harness.kafka import Broker
+from harness.worker import Topics, WorkerProcess
 from tests.support.doc_blocks import (
     BlockRun,
     block_id,
@@ -32,7 +33,6 @@ from tests.support.doc_blocks import (
     run_block,
     runnable_blocks,
 )
-from tests.support.worker import Topics, WorkerProcess
 from tests.test_docs import CHECKED
 
 pytestmark = pytest.mark.kafka
@@ -195,7 +195,7 @@ def test_the_docs_blocks_on_the_broker_run_pasted_alone_as_shown(tmp_path: Path)
             found = problems(runs[-1])
             assert not found, f"{block_id(block)}:\n" + "\n\n".join(found)
     finally:
-        subprocess.run(["bash", "scripts/kafka.sh", "stop", str(kafka_dir)], cwd=REPO,
+        subprocess.run([sys.executable, "-m", "harness", "broker", "stop", str(kafka_dir)], cwd=REPO,
                        capture_output=True, timeout=120, check=False)
     output = "".join(run.output for run in runs)
     assert "\x1b" not in output, "no terminal escape codes"

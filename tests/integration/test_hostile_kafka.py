@@ -19,8 +19,9 @@ import orjson
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
+    StartWorker,
     Topics,
     WorkerProcess,
     committed_offsets,
@@ -88,7 +89,7 @@ async def assert_keeps_committing(broker: Broker, topics: Topics) -> None:
 
 @pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_oversized_dead_letters_are_cut_and_oversized_outputs_dead_lettered(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     """Default limits; the prompts topic takes only 20,000 bytes, which only the broker knows."""
     topics = Topics.fresh()
@@ -99,11 +100,10 @@ async def test_oversized_dead_letters_are_cut_and_oversized_outputs_dead_lettere
     good = events(5)
     produced = interleave(good, {"huge": huge, "big-prompt": big_prompt})
     # Uncompressed: the broker checks a batch's compressed size, and the prompt compresses.
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0",
-                                      "ASSEMBLER_COMPRESSION_TYPE": "none"}).start()
+    worker = running_worker(topics, guarantee,
+                            env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0",
+                                 "ASSEMBLER_COMPRESSION_TYPE": "none"})
     try:
-        worker.wait_ready()
         await produce(broker, topics.input, produced)
         committed = guarantee == "exactly_once"
         dead = await read_topic(broker, topics.dlq, until=2, committed_only=committed, settle=2)
@@ -143,18 +143,17 @@ async def test_oversized_dead_letters_are_cut_and_oversized_outputs_dead_lettere
 
 @pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_outputs_over_max_message_bytes_go_to_the_dead_letter_topic(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker, partitions=1)
     big_prompt = long_question("big-prompt", 14_000)  # prompt ~20.7 KB, event ~17.5 KB
     big_audit = many_chunks("big-audit", 300)  # audit ~52 KB, prompt ~12 KB, event ~180 KB
     good = events(4)
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_MAX_MESSAGE_BYTES": "20000",
-                                      "ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
+    worker = running_worker(topics, guarantee,
+                            env={"ASSEMBLER_MAX_MESSAGE_BYTES": "20000",
+                                 "ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"})
     try:
-        worker.wait_ready()
         await produce(broker, topics.input,
                       interleave(good, {"big-prompt": big_prompt, "big-audit": big_audit}))
         committed = guarantee == "exactly_once"
@@ -183,7 +182,7 @@ async def test_outputs_over_max_message_bytes_go_to_the_dead_letter_topic(
 
 @pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_sigterm_stops_the_worker_while_dead_letters_are_refused(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     """The DLQ takes no record of 200 bytes: every dead letter is refused, however cut."""
     topics = Topics.fresh()
@@ -191,10 +190,9 @@ async def test_sigterm_stops_the_worker_while_dead_letters_are_refused(
     await topics.create(broker, partitions=1)
     good = events(6)
     produced = [*keyed(good[:3]), (b"bad", b'{"request_id": "bad"}', []), *keyed(good[3:])]
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
+    worker = running_worker(topics, guarantee,
+                            env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"})
     try:
-        worker.wait_ready()
         await produce(broker, topics.input, produced)
         await wait_for(lambda: worker.get("/ready")[0] == 503, timeout=60)
         await wait_for(lambda: worker.metric("context_assembler_delivery_retries_total") >= 3)
@@ -223,13 +221,13 @@ def assigned(worker: WorkerProcess) -> float:
 
 @pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_sigterm_stops_the_worker_while_the_prompts_topic_is_missing(
-    broker: Broker, logs: Path, guarantee: str
+    broker: Broker, logs: Path, guarantee: str, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await broker.create_topics({topics.input: 1, topics.audit: 1, topics.dlq: 1})
     await broker.create_topics({topics.policies: 1}, compacted=True)
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}).start()
+    worker = running_worker(topics, guarantee,
+                            env={"ASSEMBLER_TRANSACTIONAL_ID": f"{topics.group}-0"}, ready=False)
     try:
         # Not ready, and saying why: the prompts topic is missing. It still takes its input.
         await wait_for(lambda: assigned(worker) >= 1, timeout=90)

@@ -14,8 +14,8 @@ import pytest
 from context_assembler.cli.main import main
 from context_assembler.engine.version import __version__
 from context_assembler.intake.policy_registry import build_registry
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
     ALLOWED_POLICIES,
     Topics,
     WorkerProcess,

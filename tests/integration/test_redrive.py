@@ -13,17 +13,17 @@ from aiokafka.admin import AIOKafkaAdminClient
 from context_assembler.cli.main import main
 from context_assembler.kafka.records import header
 from context_assembler.kafka.tools.redrive import REDRIVES
-from tests.factories import naming_policy
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
+    StartWorker,
     Topics,
-    WorkerProcess,
     end_offsets,
     events,
     keyed,
     produce,
     read_topic,
 )
+from tests.factories import naming_policy
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 BAD = b'{"request_id": "bad-1", "chunks": 3}'
@@ -52,7 +52,8 @@ async def groups_reading(broker: Broker, topic: str) -> list[str]:
 
 
 def test_a_dead_letter_is_answered_once_its_policy_is_allowed_and_a_failing_one_stops(
-    broker: Broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    broker: Broker, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     lines = events(8)
@@ -62,10 +63,8 @@ def test_a_dead_letter_is_answered_once_its_policy_is_allowed_and_a_failing_one_
     async def scenario() -> None:
         await topics.create(broker, partitions=1)
         # First run: no policy may be named, so the follow-up request is dead-lettered.
-        strict = WorkerProcess(broker, topics, tmp_path / "strict.log",
-                               extra_env={"ASSEMBLER_ALLOWED_POLICIES": ""}).start()
+        strict = running_worker(topics, log="strict", env={"ASSEMBLER_ALLOWED_POLICIES": ""})
         try:
-            strict.wait_ready()
             await produce(broker, topics.input, [*keyed(lines), (b"bad-1", BAD, [])])
             dead = await read_topic(broker, topics.dlq, until=2, timeout=90, settle=0.5)
         finally:
@@ -83,9 +82,8 @@ def test_a_dead_letter_is_answered_once_its_policy_is_allowed_and_a_failing_one_
         assert await end_offsets(broker, topics.input) == inputs_before
 
         # The policy is allowed now (the default WorkerProcess allows window-8k).
-        worker = WorkerProcess(broker, topics, tmp_path / "worker.log").start()
+        worker = running_worker(topics)
         try:
-            worker.wait_ready()
             assert await redrive(broker, topics, "--yes") == 0
             prompts = await read_topic(broker, topics.prompts, until=8, timeout=90, settle=0.5)
             assert named_id.encode() in {r.key for r in prompts}

@@ -13,8 +13,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from context_assembler.cli.main import main
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
     ALLOWED_POLICIES,
     Topics,
     WorkerProcess,

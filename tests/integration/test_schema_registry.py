@@ -23,15 +23,13 @@ from context_assembler.contract.catalogue import canonical
 from context_assembler.generate.schemas import json_schemas
 from context_assembler.intake.framing import frame, split
 from context_assembler.kafka.records import ERR, header
-from tests.support.broker import Broker
-from tests.support.codecs import librdkafka_produce, librdkafka_read
-from tests.support.doc_blocks import fresh_shell_env, one_at_a_time, problems, run_block
-from tests.support.docs import section_blocks
-from tests.support.registry import SchemaRegistryProcess
-from tests.support.worker import (
+from harness.codecs import librdkafka_produce, librdkafka_read
+from harness.kafka import Broker
+from harness.registry import Registry
+from harness.worker import (
     ALLOWED_POLICIES,
+    StartWorker,
     Topics,
-    WorkerProcess,
     end_offsets,
     events,
     file_mode,
@@ -40,13 +38,15 @@ from tests.support.worker import (
     read_topic,
     wait_for,
 )
+from tests.support.doc_blocks import fresh_shell_env, one_at_a_time, problems, run_block
+from tests.support.docs import section_blocks
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
 CONTRACT = canonical(json_schemas()["retrieval-result"])
 UNKNOWN_ID = 987654
 
 
-def topic_env(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) -> dict[str, str]:
+def topic_env(broker: Broker, topics: Topics, registry: Registry) -> dict[str, str]:
     return {"ASSEMBLER_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
             "ASSEMBLER_INPUT_TOPIC": topics.input, "ASSEMBLER_PROMPTS_TOPIC": topics.prompts,
             "ASSEMBLER_AUDIT_TOPIC": topics.audit, "ASSEMBLER_DLQ_TOPIC": topics.dlq,
@@ -54,7 +54,7 @@ def topic_env(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) -
             "ASSEMBLER_SCHEMA_REGISTRY_URL": registry.url}
 
 
-def register(broker: Broker, topics: Topics, registry: SchemaRegistryProcess) -> dict[str, int]:
+def register(broker: Broker, topics: Topics, registry: Registry) -> dict[str, int]:
     """`context-assembler schemas register` for the topics: subject -> id."""
     done = subprocess.run([sys.executable, "-m", "context_assembler.cli", "schemas", "register"],
                           env={**os.environ, **topic_env(broker, topics, registry)},
@@ -76,7 +76,7 @@ def command(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           timeout=120, check=False)
 
 
-def serialized(registry: SchemaRegistryProcess, topic: str, lines: list[bytes]) -> list[bytes]:
+def serialized(registry: Registry, topic: str, lines: list[bytes]) -> list[bytes]:
     """The events as confluent-kafka's JSONSerializer frames them: the id of the contract's
     schema under <topic>-value, looked up (not registered: `schemas register` did)."""
     client = SchemaRegistryClient({"url": registry.url})
@@ -85,7 +85,7 @@ def serialized(registry: SchemaRegistryProcess, topic: str, lines: list[bytes]) 
     return [serializer(json.loads(line), context) for line in lines]
 
 
-def deserialized(registry: SchemaRegistryProcess, topic: str, value: bytes) -> object:
+def deserialized(registry: Registry, topic: str, value: bytes) -> object:
     client = SchemaRegistryClient({"url": registry.url})
     return JSONDeserializer(None, schema_registry_client=client)(
         value, SerializationContext(topic, MessageField.VALUE))
@@ -93,7 +93,8 @@ def deserialized(registry: SchemaRegistryProcess, topic: str, value: bytes) -> o
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
-    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path, guarantee: str,
+    broker: Broker, schema_registry: Registry, logs: Path, guarantee: str,
+    running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
@@ -105,9 +106,8 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
     assert {split(value)[0] for value in framed} == {ids[f"{topics.input}-value"]}
     unknown = frame(UNKNOWN_ID, lines[0])
     mismatch = frame(ids[f"{topics.input}-value"], b'{"request_id": "no-question", "chunks": []}')
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
-    worker.start()
+    worker = running_worker(topics, guarantee, ready=False,
+                            env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
     try:
         await asyncio.to_thread(worker.wait_ready)
         records = [(json.loads(line)["request_id"].encode(), value)
@@ -172,7 +172,8 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_back(
-    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path, guarantee: str,
+    broker: Broker, schema_registry: Registry, logs: Path, guarantee: str,
+    running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
@@ -185,9 +186,8 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
     expected_prompts, _ = file_mode(lines)
     first = [frame(ids[f"{topics.input}-value"], line) for line in lines[:10]]
     held = [frame(other_id, line) for line in lines[10:]]
-    worker = WorkerProcess(broker, topics, logs / "worker.log", guarantee=guarantee,
-                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
-    worker.start()
+    worker = running_worker(topics, guarantee, ready=False,
+                            env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
     try:
         await asyncio.to_thread(worker.wait_ready)
         await produce(broker, topics.input, [(None, value, []) for value in first])
@@ -214,13 +214,12 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
 
 
 async def test_a_worker_whose_output_schemas_are_not_registered_stops_at_start(
-    broker: Broker, schema_registry: SchemaRegistryProcess, logs: Path,
+    broker: Broker, schema_registry: Registry, logs: Path, running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker)
-    worker = WorkerProcess(broker, topics, logs / "worker.log",
-                           extra_env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
-    worker.start()
+    worker = running_worker(topics, ready=False,
+                            env={"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url})
     assert worker.process is not None
     assert await asyncio.to_thread(worker.process.wait, 120) == 2
     assert (f"cannot start: subject {topics.prompts}-value does not hold this version's "
@@ -229,7 +228,7 @@ async def test_a_worker_whose_output_schemas_are_not_registered_stops_at_start(
 
 
 def test_register_registers_nothing_when_a_subjects_rule_refuses_a_schema(
-    schema_registry: SchemaRegistryProcess,
+    schema_registry: Registry,
 ) -> None:
     tag = os.urandom(4).hex()
     env = {"ASSEMBLER_SCHEMA_REGISTRY_URL": schema_registry.url,

@@ -14,8 +14,9 @@ import pytest
 
 from context_assembler.kafka.tools.acls import Acl, worker_acls
 from context_assembler.settings import Settings
-from tests.support.secured_broker import ASSEMBLER, MTLS_CN, SecuredBroker, unsigned_token
-from tests.support.worker import (
+from harness.secured import ASSEMBLER, MTLS_CN, SecuredBroker, unsigned_token
+from harness.worker import (
+    StartWorker,
     Topics,
     WorkerProcess,
     events,
@@ -93,6 +94,7 @@ def oauth_env(broker: SecuredBroker, tmp_path: Path) -> dict[str, str]:
     ("exactly_once", "mtls"), ("at_least_once", "oauthbearer")])
 async def test_the_worker_answers_with_only_the_documented_acls_byte_equal_to_file_mode(
     secured: SecuredBroker, tmp_path: Path, guarantee: str, transport: str,
+    running_worker: StartWorker,
 ) -> None:
     topics = Topics.fresh()
     await topics.create(secured)
@@ -104,9 +106,8 @@ async def test_the_worker_answers_with_only_the_documented_acls_byte_equal_to_fi
     await grant(secured, principal, acls_of(topics, guarantee))
     lines = events(24)
     log = tmp_path / "worker.log"
-    worker = WorkerProcess(secured, topics, log, guarantee=guarantee, extra_env=env).start()
+    worker = running_worker(topics, guarantee, env=env, broker=secured)
     try:
-        worker.wait_ready()
         await produce(secured, topics.input, keyed(lines))
         committed = guarantee == "exactly_once"
         prompts = await read_topic(secured, topics.prompts, until=24, committed_only=committed,
@@ -254,7 +255,7 @@ def test_the_cli_reads_the_same_settings(secured: SecuredBroker, tmp_path: Path)
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_write_revoked_on_the_audit_topic_then_granted_again_loses_nothing(
-    secured: SecuredBroker, tmp_path: Path, guarantee: str,
+    secured: SecuredBroker, tmp_path: Path, guarantee: str, running_worker: StartWorker,
 ) -> None:
     """The events wait, uncommitted, with /ready false saying why; once WRITE is back each
     is published once, and nothing is dead-lettered."""
@@ -264,11 +265,9 @@ async def test_write_revoked_on_the_audit_topic_then_granted_again_loses_nothing
     audit_write = [("TOPIC", topics.audit, "LITERAL", "WRITE")]
     lines = events(12)
     log = tmp_path / "worker.log"
-    worker = WorkerProcess(secured, topics, log, guarantee=guarantee,
-                           extra_env=scram_env(secured, tmp_path)).start()
+    worker = running_worker(topics, guarantee, env=scram_env(secured, tmp_path), broker=secured)
     committed = guarantee == "exactly_once"
     try:
-        worker.wait_ready()
         await produce(secured, topics.input, keyed(lines[:6]))
         await read_topic(secured, topics.audit, until=6, committed_only=committed)
         await secured.set_acls(SCRAM_PRINCIPAL, audit_write, grant=False)

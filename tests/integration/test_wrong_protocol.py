@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import Broker
+from harness.kafka import Broker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 

@@ -16,8 +16,9 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from tests.support.broker import Broker
-from tests.support.worker import (
+from harness.kafka import Broker
+from harness.worker import (
+    StartWorker,
     Topics,
     WorkerProcess,
     events,
@@ -34,14 +35,13 @@ SESSION_TIMEOUT = 6.0  # the least the worker accepts: the pause outlasts it
 
 
 async def test_a_resumed_zombie_is_fenced_and_every_request_is_answered_once(
-    broker: Broker, logs: Path
+    broker: Broker, logs: Path, running_worker: StartWorker
 ) -> None:
     topics = Topics.fresh()
     await topics.create(broker, partitions=PARTITIONS)
     lines = events(EVENTS)
     env = {"ASSEMBLER_SESSION_TIMEOUT_SECONDS": str(SESSION_TIMEOUT)}
-    zombie = WorkerProcess(broker, topics, logs / "zombie.log", guarantee="exactly_once",
-                           extra_env=env).start()
+    zombie = running_worker(topics, "exactly_once", log="zombie", env=env, ready=False)
     heir = WorkerProcess(broker, topics, logs / "heir.log", guarantee="exactly_once",
                          extra_env=env)
     try:

@@ -14,7 +14,7 @@ import pytest
 from context_assembler.cli.main import main
 from context_assembler.kafka.clients import TokenFile, kafka_security
 from context_assembler.settings import Settings, SettingsError, load_settings
-from tests.support.secured_broker import Certificates
+from harness.secured import Certificates
 
 PASSWORD = "s3cret-Pa55"
 

@@ -15,8 +15,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.support.broker import Broker, running_broker
-from tests.support.worker import Topics, WorkerProcess, events, keyed, produce, read_topic
+from harness.kafka import Broker, running_broker
+from harness.worker import Topics, WorkerProcess, events, keyed, produce, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -30,9 +30,9 @@ from context_assembler.kafka.records import (
 from context_assembler.kafka.tools import redrive as module
 from context_assembler.kafka.tools.redrive import REDRIVES, RedriveRequest, letter_of, redrive
 from context_assembler.settings import Settings
+from harness.worker import events
 from tests.factories import naming_policy
 from tests.kafka.tools.replay.fakes import FakeReader, Topics
-from tests.support.worker import events
 
 WORKER = HandlerContext.for_worker(
     Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),

@@ -13,8 +13,8 @@ from context_assembler.kafka.tools import tail as module
 from context_assembler.kafka.tools.produce import key_of
 from context_assembler.kafka.tools.tail import answered_input, render, tail, wait_for_answers
 from context_assembler.settings import Settings
+from harness.worker import events
 from tests.kafka.tools.replay.fakes import FakeReader, Topics, record
-from tests.support.worker import events
 
 T = 1_764_547_200_000
 WORKER = HandlerContext.for_worker(

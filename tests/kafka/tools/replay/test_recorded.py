@@ -26,8 +26,8 @@ from context_assembler.kafka.records import HandlerContext, Origin, handle
 from context_assembler.kafka.tools.replay import replay as module
 from context_assembler.kafka.tools.replay.replay import ReplayRequest, replay
 from context_assembler.settings import Settings
+from harness.worker import ALLOWED_POLICIES, events, file_mode
 from tests.kafka.tools.replay.fakes import FakeReader, Topics
-from tests.support.worker import ALLOWED_POLICIES, events, file_mode
 
 T = 1_764_547_200_000
 GOOD = events(8)

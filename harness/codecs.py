@@ -18,8 +18,8 @@ from aiokafka.consumer import fetcher
 from aiokafka.record.memory_records import MemoryRecords
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
-from tests.support.broker import Broker
-from tests.support.worker import partitions_of
+from harness.kafka import Broker
+from harness.worker import partitions_of
 
 CODECS = ("gzip", "snappy", "lz4", "zstd")
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}  # batch header ids

@@ -3,8 +3,8 @@ compressed with any codec, and the peak resident set of the process that reads i
 
 from __future__ import annotations
 
-from tests.support.broker import Broker
-from tests.support.codecs import librdkafka_produce
+from harness.codecs import librdkafka_produce
+from harness.kafka import Broker
 
 MiB = 1024 * 1024
 # What the input topic takes (max.message.bytes) so that a bomb fits compressed: lz4 writes

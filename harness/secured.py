@@ -1,18 +1,14 @@
 """A real Kafka 4.0 broker secured as production clusters are: a SASL_SSL listener
 (SCRAM-SHA-512), an SSL listener that requires a client certificate, and StandardAuthorizer
 denying whatever no ACL allows. Certificates are made with openssl at test time and SCRAM
-users at format time; the jars are scripts/kafka.sh's.
+users at format time; the jars and the process are harness.kafka's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import os
 import secrets
-import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -23,9 +19,9 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest
 
-from tests.support.broker import KAFKA_SH, Broker
+from harness.jvm import LOG4J, free_ports
+from harness.kafka import READY_TIMEOUT, Broker, Node, run_sync, wait_ready
 
-REPO = KAFKA_SH.parents[1]
 ADMIN = "admin"
 ASSEMBLER = "assembler"
 MTLS_CN = "assembler-mtls"
@@ -80,27 +76,8 @@ def unsigned_token(subject: str, lifetime_seconds: int = 3600) -> str:
         return base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
 
     now = int(time.time())
-    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + lifetime_seconds})}."
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _jars() -> str:
-    subprocess.run(["bash", str(KAFKA_SH), "fetch"], check=True, capture_output=True)
-    version = next(line.split("=", 1)[1] for line in (REPO / ".env").read_text().splitlines()
-                   if line.startswith("KAFKA_VERSION="))
-    cache = os.environ.get("KAFKA_CACHE_DIR") or str(
-        Path.home() / ".cache" / "context-assembler" / f"kafka-{version}")
-    return f"{cache}/*"
+    claims = {"sub": subject, "iat": now, "exp": now + lifetime_seconds}
+    return f"{part({'alg': 'none'})}.{part(claims)}."
 
 
 class SecuredBroker(Broker):
@@ -112,8 +89,8 @@ class SecuredBroker(Broker):
         self.certs = Certificates.make(workdir / "tls")
         self.admin_password = secrets.token_urlsafe(16)
         self.assembler_password = secrets.token_urlsafe(16)
-        self.sasl_port, self.ssl_port, self._controller_port = _free_ports(3)
-        self._process: subprocess.Popen[bytes] | None = None
+        self.sasl_port, self.ssl_port, self._controller_port = free_ports(3)
+        self.node = Node(workdir)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -179,31 +156,18 @@ class SecuredBroker(Broker):
         ])
 
     def start(self) -> None:
-        self._launch()
-        asyncio.run(self.wait_ready())
-
-    def _launch(self) -> None:
-        jars = _jars()
-        properties = self.workdir / "server.properties"
-        properties.write_text(self._config())
-        fast_tool = ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", jars]
-        subprocess.run([
-            *fast_tool, "kafka.tools.StorageTool", "format", "-t", "c2VjdXJlZC1icm9rZXIx",
-            "-c", str(properties),
+        self.node.properties.write_text(self._config())
+        (self.workdir / "log4j2.properties").write_text(LOG4J)
+        self.node.format(
+            "c2VjdXJlZC1icm9rZXIx",
             "--add-scram", f"SCRAM-SHA-512=[name={ADMIN},password={self.admin_password}]",
-            "--add-scram", f"SCRAM-SHA-512=[name={ASSEMBLER},password={self.assembler_password}]",
-        ], check=True, capture_output=True)
-        (self.workdir / "log4j2.properties").write_text(
-            "rootLogger.level = INFO\nrootLogger.appenderRef.stdout.ref = STDOUT\n"
-            "appender.stdout.type = Console\nappender.stdout.name = STDOUT\n"
-            "appender.stdout.layout.type = PatternLayout\n"
-            "appender.stdout.layout.pattern = [%d] %p %m (%c)%n\n")
-        log = (self.workdir / "broker.log").open("ab")
-        self._process = subprocess.Popen(
-            ["java", "-Xms256m", "-Xmx512m", "-Djava.awt.headless=true",
-             f"-Dlog4j2.configurationFile={self.workdir}/log4j2.properties",
-             "-cp", jars, "kafka.Kafka", str(properties)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            "--add-scram", f"SCRAM-SHA-512=[name={ASSEMBLER},password={self.assembler_password}]")
+        self.node.launch()
+        try:
+            run_sync(wait_ready(self.admin_args(), [self.node.jvm], 1, READY_TIMEOUT))
+        except Exception:
+            self.stop()
+            raise
 
     def admin_args(self) -> dict[str, Any]:
         """aiokafka arguments of the super user, over SASL_SSL."""
@@ -211,23 +175,6 @@ class SecuredBroker(Broker):
                 "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": ADMIN,
                 "sasl_plain_password": self.admin_password,
                 "ssl_context": ssl.create_default_context(cafile=str(self.certs.ca))}
-
-    async def wait_ready(self, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"the secured broker exited; see {self.workdir}/broker.log")
-            admin = AIOKafkaAdminClient(request_timeout_ms=5000, **self.admin_args())
-            try:
-                await admin.start()
-                await admin.describe_cluster()
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-            finally:
-                await admin.close()
-            await asyncio.sleep(0.5)
 
     async def set_acls(self, principal: str, bindings: list[tuple[str, str, str, str]],
                        *, grant: bool = True) -> None:
@@ -250,10 +197,4 @@ class SecuredBroker(Broker):
             await admin.close()
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-            try:
-                self._process.wait(30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        self.node.jvm.stop()

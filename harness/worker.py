@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -26,10 +27,11 @@ from aiokafka.structs import ConsumerRecord
 from context_assembler import filemode
 from context_assembler.intake.codec import Limits
 from context_assembler.intake.policy_registry import build_registry
-from tests.factories import EXAMPLES
-from tests.support.broker import Broker
+from harness.jvm import REPO
+from harness.kafka import Broker
 
 Header = tuple[str, bytes]
+EXAMPLES = REPO / "examples"
 # The policies the tests' workers allow a request to name (no shipped example names one;
 # tests that do, name this preset: tests.factories.naming_policy).
 ALLOWED_POLICIES = ["window-8k"]
@@ -148,6 +150,15 @@ class WorkerProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
+class StartWorker(Protocol):
+    """The integration tests' `running_worker` fixture: a started worker on `topics`,
+    stopped after the test."""
+
+    def __call__(self, topics: Topics, guarantee: str = "at_least_once", *,
+                 log: str = "worker", env: dict[str, str] | None = None,
+                 broker: Broker | None = None, ready: bool = True) -> WorkerProcess: ...
+
+
 async def produce(broker: Broker, topic: str,
                   records: Iterable[tuple[bytes | None, bytes, list[Header]]]) -> None:
     producer = AIOKafkaProducer(acks="all", **broker.client_args())
@@ -246,7 +257,8 @@ def events(count: int) -> list[bytes]:
 
 def file_mode(lines: list[bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
     prompts, audits = io.BytesIO(), io.BytesIO()
-    filemode.run([("events", io.BytesIO(b"\n".join(lines)))], build_registry(None, ALLOWED_POLICIES), Limits(),
+    filemode.run([("events", io.BytesIO(b"\n".join(lines)))],
+                 build_registry(None, ALLOWED_POLICIES), Limits(),
                  prompts=prompts, audits=audits, errors=io.BytesIO())
 
     def by_id(data: bytes) -> dict[str, bytes]:
