@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from context_assembler.kafka.clients import PLAINTEXT, KafkaSecurity
+from context_assembler.kafka.clients import PLAINTEXT, KafkaClients, KafkaSecurity
 from context_assembler.kafka.records import (
     ERR,
     TRUNCATED,
@@ -166,11 +166,8 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
 @contextlib.asynccontextmanager
 async def _producer(request: RedriveRequest) -> AsyncIterator[AIOKafkaProducer]:
     await check_topic(request.bootstrap_servers, request.input_topic, request.security)
-    producer = AIOKafkaProducer(bootstrap_servers=request.bootstrap_servers, acks="all",
-                                enable_idempotence=True,
-                                max_request_size=request.max_request_size,
-                                compression_type=request.compression,
-                                **request.security.client_args())
+    producer = KafkaClients(request.bootstrap_servers, request.security, request.compression,
+                            request.max_request_size).producer()
     await producer.start()
     try:
         yield producer
