@@ -7,12 +7,25 @@ import asyncio
 import os
 import ssl
 from pathlib import Path
+from typing import Any
 
 import faust
 import pytest
 
 from context_assembler.cli.main import main
-from context_assembler.kafka.clients import TokenFile, kafka_security
+from context_assembler.kafka import clients
+from context_assembler.kafka.clients import (
+    KafkaClients,
+    TokenFile,
+    faust_client_config,
+    group_consumer,
+    kafka_security,
+)
+from context_assembler.kafka.tuning import (
+    ADMIN_REQUEST_TIMEOUT_MS,
+    HEARTBEAT_INTERVAL_SECONDS,
+    PRODUCER_LINGER_MS,
+)
 from context_assembler.settings import Settings, SettingsError, load_settings
 from harness.secured import Certificates
 
@@ -214,3 +227,64 @@ def test_the_token_file_is_read_as_at_start_on_every_re_read(
     token_file.symlink_to("/dev/zero")  # nor be read until memory runs out
     with pytest.raises(SettingsError, match="is a character device"):
         asyncio.run(provider.token())
+
+
+def built(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
+    """The arguments each aiokafka client class is called with, by class name."""
+    seen: dict[str, dict[str, Any]] = {}
+    for name in ("AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"):
+        monkeypatch.setattr(clients, name, lambda _name=name, **args: seen.setdefault(_name, args))
+    return seen
+
+
+def test_every_client_is_built_from_the_settings_connection(
+    monkeypatch: pytest.MonkeyPatch, certs: Certificates,
+) -> None:
+    settings = load(monkeypatch, bootstrap_servers="b1:9093,b2:9093", security_protocol="SSL",
+                    ssl_ca_file=str(certs.ca), compression_type="zstd",
+                    max_message_bytes="500000")
+    seen = built(monkeypatch)
+    factory = KafkaClients.of(settings)
+    factory.producer(linger_ms=PRODUCER_LINGER_MS)
+    factory.consumer(group_id=None)
+    factory.admin()
+    for args in seen.values():
+        assert args["bootstrap_servers"] == "b1:9093,b2:9093"
+        assert args["security_protocol"] == "SSL" and "ssl_context" in args
+    assert seen["AIOKafkaProducer"]["acks"] == "all"
+    assert seen["AIOKafkaProducer"]["enable_idempotence"] is True
+    assert seen["AIOKafkaProducer"]["compression_type"] == "zstd"
+    assert seen["AIOKafkaProducer"]["max_request_size"] == 500_000
+    assert seen["AIOKafkaProducer"]["linger_ms"] == PRODUCER_LINGER_MS
+    assert seen["AIOKafkaConsumer"]["enable_auto_commit"] is False
+    assert seen["AIOKafkaConsumer"]["isolation_level"] == "read_committed"
+    assert seen["AIOKafkaConsumer"]["group_id"] is None
+    assert seen["AIOKafkaAdminClient"]["request_timeout_ms"] == ADMIN_REQUEST_TIMEOUT_MS
+
+
+def test_a_call_s_own_arguments_override_the_factory_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = built(monkeypatch)
+    KafkaClients("b:9092").producer(enable_idempotence=False, max_batch_size=1)
+    assert seen["AIOKafkaProducer"]["enable_idempotence"] is False
+    assert seen["AIOKafkaProducer"]["max_batch_size"] == 1
+    assert seen["AIOKafkaProducer"]["compression_type"] is None  # uncompressed by default
+
+
+def test_faust_and_the_group_consumer_join_the_group_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = load(monkeypatch, group_instance_id="replica-1", session_timeout_seconds="12",
+                    compression_type="lz4")
+    seen = built(monkeypatch)
+    group_consumer(settings)
+    consumer = seen["AIOKafkaConsumer"]
+    config = faust_client_config(settings, batch_bytes=4096)
+    assert config["broker"] == [f"kafka://{settings.bootstrap_servers}"]
+    assert consumer["group_instance_id"] == config["consumer_group_instance_id"] == "replica-1"
+    assert consumer["session_timeout_ms"] == config["broker_session_timeout"] * 1000 == 12_000
+    assert consumer["heartbeat_interval_ms"] == HEARTBEAT_INTERVAL_SECONDS * 1000
+    assert config["broker_heartbeat_interval"] == HEARTBEAT_INTERVAL_SECONDS
+    assert consumer["auto_offset_reset"] == config["consumer_auto_offset_reset"] == "earliest"
+    assert config["producer_compression_type"] == "lz4"
+    assert config["producer_max_batch_size"] == 4096
+    assert config["producer_linger"] == PRODUCER_LINGER_MS / 1000

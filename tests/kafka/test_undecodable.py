@@ -19,7 +19,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
-from context_assembler.kafka.runtime import transactional
+from context_assembler.kafka import clients
 from context_assembler.kafka.runtime.faust_app import _ConsumerThread
 from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tools.reader import Span, TopicReader
@@ -112,7 +112,7 @@ async def test_exactly_once_stops_reading_commits_what_came_before_and_is_not_re
 ) -> None:
     rig = Rig(monkeypatch, compression_type="none")  # zstd, the default, needs cramjam
     consumer = CodecConsumer(without_cramjam, rig)
-    monkeypatch.setattr(transactional, "AIOKafkaConsumer", lambda **_: consumer)
+    monkeypatch.setattr(clients, "AIOKafkaConsumer", lambda **_: consumer)
     running = asyncio.create_task(rig.worker.run())
     try:
         while rig.runner.blocked is None:

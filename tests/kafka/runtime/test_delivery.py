@@ -11,14 +11,8 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 from context_assembler.kafka.records import Origin, OutRecord
-from context_assembler.kafka.runtime.delivery import (
-    ENGINE_BATCH_BYTES,
-    CommitRounds,
-    Delivery,
-    batches,
-    next_batch,
-)
-from context_assembler.kafka.runtime.runner import ENGINE_BATCH
+from context_assembler.kafka.runtime.delivery import CommitRounds, Delivery, batches, next_batch
+from context_assembler.kafka.tuning import ENGINE_BATCH, ENGINE_BATCH_BYTES
 from tests.kafka.conftest import make_runner
 from tests.kafka.test_records import GOOD
 

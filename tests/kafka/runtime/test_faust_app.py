@@ -33,7 +33,8 @@ from context_assembler.kafka.runtime.faust_app import (
     build_app,
     seconds,
 )
-from context_assembler.kafka.runtime.runner import ENGINE_BATCH, EventRunner
+from context_assembler.kafka.runtime.runner import EventRunner
+from context_assembler.kafka.tuning import ENGINE_BATCH
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
 from tests.kafka.test_records import STAMPS

@@ -12,10 +12,12 @@ from aiokafka.consumer.group_coordinator import GroupCoordinator
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
+from context_assembler.kafka import clients
 from context_assembler.kafka.runtime import transactional
 from context_assembler.kafka.runtime.faust_app import _ConsumerThread, build_app
-from context_assembler.kafka.runtime.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
+from context_assembler.kafka.runtime.membership import leave_on_stop
 from context_assembler.kafka.runtime.runner import EventRunner
+from context_assembler.kafka.tuning import HEARTBEAT_INTERVAL_SECONDS
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
 
@@ -56,7 +58,7 @@ async def test_the_transactional_consumer_joins_with_the_instance_id(
         seen.update(kwargs)
         raise Built
 
-    monkeypatch.setattr(transactional, "AIOKafkaConsumer", consumer)
+    monkeypatch.setattr(clients, "AIOKafkaConsumer", consumer)
     config = settings(group_instance_id=instance, processing_guarantee="exactly_once")
     with pytest.raises(Built):
         await transactional.TransactionalWorker(config, runner(config)).run()

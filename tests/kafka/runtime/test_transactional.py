@@ -16,6 +16,7 @@ from aiokafka.structs import ConsumerRecord
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
+from context_assembler.kafka import clients
 from context_assembler.kafka.runtime import transactional
 from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.runtime.transactional import TransactionalWorker
@@ -122,7 +123,7 @@ class Rig:
             self.producers.append(made)
             return made
 
-        monkeypatch.setattr(transactional, "AIOKafkaProducer", producer)
+        monkeypatch.setattr(clients, "AIOKafkaProducer", producer)
         config = Settings.model_validate({
             "prompts_topic": "prompts", "audit_topic": "audit", "dlq_topic": "dlq",
             "input_topic": "in", "group_id": "assemblers", "processing_guarantee": "exactly_once",

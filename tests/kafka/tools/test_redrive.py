@@ -15,6 +15,7 @@ from aiokafka.structs import RecordMetadata
 from context_assembler.contract.models import RejectReason
 from context_assembler.intake.codec import RejectedInput
 from context_assembler.intake.policy_registry import build_registry
+from context_assembler.kafka import clients
 from context_assembler.kafka.clients import KafkaSecurity
 from context_assembler.kafka.records import (
     ERR,
@@ -85,7 +86,7 @@ def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
 
     monkeypatch.setattr(module, "check_topic", exists)
     Producer.made = []
-    monkeypatch.setattr(module, "AIOKafkaProducer", Producer)
+    monkeypatch.setattr(clients, "AIOKafkaProducer", Producer)
     return topics
 
 

@@ -14,9 +14,10 @@ import urllib.request
 from typing import Any, ClassVar
 
 import pytest
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, UnknownTopicOrPartitionError
 
 from context_assembler.cli.main import main
+from context_assembler.kafka import clients
 from context_assembler.kafka.tools import topics
 from context_assembler.kafka.tools.topics import TopicReport, TopicWatch, topic_watch, worker_topics
 from context_assembler.observability.http import HealthServer
@@ -106,7 +107,7 @@ class FakeAdmin:
 
     async def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
         return [{"topic": name, "partitions": [],
-                 "error_code": 0 if name in self.existing else topics.UNKNOWN_TOPIC_OR_PARTITION}
+                 "error_code": 0 if name in self.existing else UnknownTopicOrPartitionError.errno}
                 for name in names]
 
 
@@ -119,7 +120,7 @@ async def until(predicate: Any) -> None:
 async def test_a_missing_topic_is_logged_once_and_is_the_ready_reason(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(topics, "AIOKafkaAdminClient", FakeAdmin)
+    monkeypatch.setattr(clients, "AIOKafkaAdminClient", FakeAdmin)
     monkeypatch.setattr(FakeAdmin, "existing", {"out"})
     watch = TopicWatch("broker:9092", ["in", "out"], interval=0.01)
     server = HealthServer(lambda: b"", lambda: not watch.missing, "127.0.0.1", 0, watch.reason)
@@ -162,7 +163,7 @@ async def test_a_refused_connection_at_run_time_is_logged_once_and_is_the_ready_
     async def diagnose(servers: str, security: object) -> str | None:
         return problems[0]
 
-    monkeypatch.setattr(topics, "AIOKafkaAdminClient", RefusingAdmin)
+    monkeypatch.setattr(clients, "AIOKafkaAdminClient", RefusingAdmin)
     monkeypatch.setattr(topics, "connection_problem", diagnose)
     monkeypatch.setattr(FakeAdmin, "existing", {"in"})
     watch = TopicWatch("broker:9092", ["in"], interval=0.01)

@@ -1,10 +1,11 @@
-"""The one place the security settings become Kafka client arguments.
+"""The one place Kafka clients are built: security, compression, timeouts and batch sizes.
 
-Every client (the faust app, the exactly_once consumer and producers, the admin clients and
-the CLI's readers and producers) takes `KafkaSecurity.client_args()`, so a cluster that
-needs TLS or SASL is reached the same way by all of them. Secrets stay in SecretStr until
-the client needs them; the password file is read at start, the OAUTHBEARER token file each
-time a connection authenticates (or, for Amazon MSK's IAM login, a token is signed:
+Every aiokafka client of the package (the exactly_once consumer and producers, the admin
+clients, the CLI's readers and producers) is made by `KafkaClients`, and faust, which builds
+its own, gets its arguments from `faust_client_config`; so a cluster that needs TLS or SASL
+is reached the same way by all of them. Secrets stay in SecretStr until the client needs
+them; the password file is read at start, the OAUTHBEARER token file each time a connection
+authenticates (or, for Amazon MSK's IAM login, a token is signed:
 context_assembler.kafka.msk_iam).
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
@@ -32,7 +34,20 @@ from aiokafka.errors import (
 from aiokafka.protocol.metadata import MetadataRequest
 from pydantic import SecretStr
 
-from context_assembler.settings import Settings, SettingsError, read_security_file, variable_of
+from context_assembler.kafka.errors import answered
+from context_assembler.kafka.tuning import (
+    ADMIN_REQUEST_TIMEOUT_MS,
+    HEARTBEAT_INTERVAL_SECONDS,
+    PRODUCER_LINGER_MS,
+    PRODUCER_REQUEST_TIMEOUT_SECONDS,
+)
+from context_assembler.settings import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Settings,
+    SettingsError,
+    read_security_file,
+    variable_of,
+)
 
 
 class TokenFile(AbstractTokenProvider):  # type: ignore[misc]
@@ -112,7 +127,6 @@ class KafkaSecurity:
 
 
 PLAINTEXT = KafkaSecurity()
-TOPIC_AUTHORIZATION_FAILED = 29
 
 
 def kafka_security(settings: Settings) -> KafkaSecurity:
@@ -127,6 +141,83 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
         password=_password(settings) if sasl else None,
         token_provider=_token_provider(settings) if sasl else None,
         ssl_context=_ssl_context(settings) if protocol.endswith("SSL") else None,
+    )
+
+
+@dataclass(frozen=True)
+class KafkaClients:
+    """Builds every aiokafka client of the package, each from the same connection: the
+    bootstrap servers and security, and for producers the compression and largest request
+    (the worker's MAX_MESSAGE_BYTES). A call's own arguments (a group, a transactional id,
+    a batch size) come on top."""
+
+    servers: str
+    security: KafkaSecurity = PLAINTEXT
+    compression: str | None = None  # producers' compression_type (None: uncompressed)
+    max_request_size: int = DEFAULT_MAX_MESSAGE_BYTES
+
+    @classmethod
+    def of(cls, settings: Settings, security: KafkaSecurity | None = None) -> KafkaClients:
+        """The settings' clients; `security` when the caller has read the settings' already
+        (reading it again reads the secret files again)."""
+        return cls(settings.bootstrap_servers,
+                   kafka_security(settings) if security is None else security,
+                   settings.producer_compression, settings.max_message_bytes)
+
+    def producer(self, **args: Any) -> AIOKafkaProducer:
+        """Acknowledged by every in-sync replica (acks=all) and idempotent unless `args` say
+        otherwise: a record retried by the producer is never written twice."""
+        return AIOKafkaProducer(**{
+            "bootstrap_servers": self.servers, "acks": "all", "enable_idempotence": True,
+            "max_request_size": self.max_request_size, "compression_type": self.compression,
+            **self.security.client_args(), **args})
+
+    def consumer(self, **args: Any) -> AIOKafkaConsumer:
+        """Committing only where the caller commits, and reading only committed
+        transactions (never an aborted transaction's records)."""
+        return AIOKafkaConsumer(**{
+            "bootstrap_servers": self.servers, "enable_auto_commit": False,
+            "isolation_level": "read_committed", **self.security.client_args(), **args})
+
+    def admin(self, **args: Any) -> AIOKafkaAdminClient:
+        return AIOKafkaAdminClient(**{
+            "bootstrap_servers": self.servers, "request_timeout_ms": ADMIN_REQUEST_TIMEOUT_MS,
+            **self.security.client_args(), **args})
+
+
+def group_consumer(settings: Settings, security: KafkaSecurity | None = None) -> AIOKafkaConsumer:
+    """The exactly_once worker's consumer of its group: static membership if
+    ASSEMBLER_GROUP_INSTANCE_ID is set, the settings' session timeout, a heartbeat a second
+    (a rebalance heard within one), from the earliest offset where the group has none.
+    `faust_client_config` gives faust's consumer the same."""
+    return KafkaClients.of(settings, security).consumer(
+        group_id=settings.group_id,
+        group_instance_id=settings.group_instance_id,
+        auto_offset_reset="earliest",
+        session_timeout_ms=int(settings.session_timeout_seconds * 1000),
+        heartbeat_interval_ms=int(HEARTBEAT_INTERVAL_SECONDS * 1000),
+    )
+
+
+def faust_client_config(settings: Settings, batch_bytes: int) -> dict[str, Any]:
+    """faust's settings for the clients it builds, as `KafkaClients` and `group_consumer`
+    build ours: the same servers, security, group membership, acks, request size,
+    compression, batching and request timeout (aiokafka's, where faust's 20 minutes would
+    leave a send to a missing topic hanging silently)."""
+    return dict(
+        broker=[f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")],
+        broker_credentials=kafka_security(settings).faust_credentials(),
+        consumer_auto_offset_reset="earliest",
+        # A killed replica holds its partitions until this runs out (faust's default: 60 s).
+        broker_session_timeout=settings.session_timeout_seconds,
+        broker_heartbeat_interval=HEARTBEAT_INTERVAL_SECONDS,
+        consumer_group_instance_id=settings.group_instance_id,  # static membership if set
+        producer_acks=-1,
+        producer_max_request_size=settings.max_message_bytes,
+        producer_request_timeout=PRODUCER_REQUEST_TIMEOUT_SECONDS,
+        producer_max_batch_size=batch_bytes,
+        producer_linger=PRODUCER_LINGER_MS / 1000,
+        producer_compression_type=settings.producer_compression,
     )
 
 
@@ -206,7 +297,8 @@ async def connection_problem(servers: str, security: KafkaSecurity) -> str | Non
         settings = ("the IAM policy of the process's AWS identity (kafka-cluster:Connect on "
                     "this cluster), ASSEMBLER_AWS_REGION")
     try:
-        connection = await create_conn(host, int(port), request_timeout_ms=10_000,
+        connection = await create_conn(host, int(port),
+                                       request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS,
                                        **security.client_args())
     except SaslAuthenticationFailed:
         return (f"SASL authentication failed at {servers} ({security.describe()}): check "
@@ -265,13 +357,12 @@ async def start_up_problem(servers: str, security: KafkaSecurity, topics: list[s
     problem = await connection_problem(servers, security)
     if problem:
         return problem
-    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000,
-                                **security.client_args())
+    admin = KafkaClients(servers, security).admin()
     try:
         await admin.start()
         described = await admin.describe_topics(topics)
         denied = sorted(t["topic"] for t in described
-                        if t["error_code"] == TOPIC_AUTHORIZATION_FAILED)
+                        if answered(t, TopicAuthorizationFailedError))
         if denied:
             return (f"{security.describe()} is not authorized to DESCRIBE topics "
                     f"{', '.join(denied)}: {ACLS_HINT}")

@@ -16,6 +16,7 @@ import pytest
 
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.intake.policy_registry import build_registry
+from context_assembler.kafka import clients
 from context_assembler.kafka.records import ERR, HandlerContext, Origin, handle, value_of
 from context_assembler.kafka.tools.reader import RangeError
 from context_assembler.kafka.tools.replay import replay as module
@@ -189,7 +190,7 @@ class Producer:
 @pytest.fixture
 def producers(monkeypatch: pytest.MonkeyPatch) -> list[Producer]:
     Producer.made = []
-    monkeypatch.setattr(module, "AIOKafkaProducer", Producer)
+    monkeypatch.setattr(clients, "AIOKafkaProducer", Producer)
     return Producer.made
 
 

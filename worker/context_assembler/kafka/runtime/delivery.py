@@ -31,12 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from context_assembler.kafka.records import Origin, Outcome, OutRecord
-from context_assembler.kafka.runtime.runner import ENGINE_BATCH, EventRunner, Stopped
+from context_assembler.kafka.runtime.runner import EventRunner, Stopped
+from context_assembler.kafka.tuning import ENGINE_BATCH, ENGINE_BATCH_BYTES
 
 log = logging.getLogger(__name__)
-# Input bytes handed to the engine in one trip, at most: 64 events of 1 MiB would hold the
-# event loop's deliveries back for the whole trip.
-ENGINE_BATCH_BYTES = 4 * 1024 * 1024
 Partition = tuple[str, int]  # an input topic and partition
 T = TypeVar("T")
 Event = TypeVar("Event", contravariant=True)  # a runtime's handle on an event read

@@ -49,15 +49,17 @@ from mode.services import WaitResults
 
 from context_assembler.collector import collect_less
 from context_assembler.kafka.batches import read_ahead, record_bytes
-from context_assembler.kafka.clients import kafka_security
+from context_assembler.kafka.clients import KafkaClients, faust_client_config
 from context_assembler.kafka.records import Origin, OutRecord, value_of
 from context_assembler.kafka.runtime.delivery import Delivery, next_batch
-from context_assembler.kafka.runtime.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
-from context_assembler.kafka.runtime.runner import (
-    ENGINE_BATCH,
-    PRODUCER_LINGER_MS,
-    EventRunner,
-    Stopped,
+from context_assembler.kafka.runtime.membership import leave_on_stop
+from context_assembler.kafka.runtime.runner import EventRunner, Stopped
+from context_assembler.kafka.tuning import (
+    MAX_IN_FLIGHT,
+    PRODUCER_REQUEST_TIMEOUT_SECONDS,
+    READ_AHEAD_WAIT_SECONDS,
+    STREAM_BUFFER_EVENTS,
+    TIMER_COMMIT_SECONDS,
 )
 from context_assembler.settings import Settings
 
@@ -68,19 +70,6 @@ T = TypeVar("T")
 # as faust's other services (observability.logs), and this module's lines are ours alone.
 SERVICE_LOG = logging.getLogger("faust.services")
 
-MAX_IN_FLIGHT = 200
-# How long the consumer thread waits before it asks again while the read-ahead is full.
-READ_AHEAD_WAIT_SECONDS = 0.005
-# Events faust reads ahead of the agent, at most: a message handed over to a full stream
-# waits for room (`_Consumer.on_buffer_full`). faust's default, 4,096, fetched a 3,000-event
-# backlog of 53 KB events whole, 160 MB, before the first was assembled. Eight engine batches.
-STREAM_BUFFER_EVENTS = 8 * ENGINE_BATCH
-# aiokafka's default: a send to a missing topic fails (and is logged) after this long,
-# where faust's default (20 minutes) would hang silently.
-REQUEST_TIMEOUT_SECONDS = 40.0
-# faust's timer commit; only a backstop now, commits follow deliveries (`Delivery`) at the
-# commit interval (a commit per ack cost about 15 % of the throughput on 2 cores).
-COMMIT_INTERVAL_SECONDS = 1.0
 # False: only the timer commits, as before (bench.interval_commits measures against it).
 COMMIT_ON_DELIVERY = True
 
@@ -88,25 +77,12 @@ COMMIT_ON_DELIVERY = True
 def _app_config(settings: Settings, runner: EventRunner, datadir: str) -> dict[str, Any]:
     """faust's settings for this app: `datadir` is a directory faust insists on, though this
     app keeps no state there; the caller removes it at exit."""
-    servers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
     return dict(
-        broker=servers,
-        broker_credentials=kafka_security(settings).faust_credentials(),
+        **faust_client_config(settings, runner.batch_bytes),
         key_serializer="raw",
         value_serializer="raw",
         processing_guarantee="at_least_once",
-        consumer_auto_offset_reset="earliest",
-        producer_acks=-1,
-        producer_max_request_size=settings.max_message_bytes,
-        producer_request_timeout=REQUEST_TIMEOUT_SECONDS,
-        producer_max_batch_size=runner.batch_bytes,
-        producer_linger=PRODUCER_LINGER_MS / 1000,
-        producer_compression_type=settings.producer_compression,
-        broker_commit_interval=max(COMMIT_INTERVAL_SECONDS, settings.commit_interval_seconds),
-        # A killed replica holds its partitions until this runs out (faust's default: 60 s).
-        broker_session_timeout=settings.session_timeout_seconds,
-        broker_heartbeat_interval=HEARTBEAT_INTERVAL_SECONDS,  # a rebalance heard within 1 s
-        consumer_group_instance_id=settings.group_instance_id,  # static membership if set
+        broker_commit_interval=max(TIMER_COMMIT_SECONDS, settings.commit_interval_seconds),
         topic_disable_leader=True,  # no extra "<app>-__assignor-__leader" topic
         # No tables, so no standbys. faust's default (1) also keeps its sticky assignor from
         # taking partitions off a worker holding ceil(partitions / workers): a 4th worker
@@ -225,21 +201,19 @@ class _LoneProducer:
     its every record were too large (`EventRunner.retry_forever`). Started on first use."""
 
     def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._security = kafka_security(settings)
+        self._clients = KafkaClients.of(settings)
         self._producer: AIOKafkaProducer | None = None
         self._starting = asyncio.Lock()
 
     async def send(self, origin: Origin, record: OutRecord) -> None:
         async with self._starting:
             if self._producer is None:
-                producer = AIOKafkaProducer(
-                    bootstrap_servers=self._settings.bootstrap_servers, acks="all",
+                producer = self._clients.producer(
+                    # Not idempotent: a refused record would still count in the sequence, and
+                    # the broker would refuse every later send as out of order.
+                    enable_idempotence=False,
                     max_batch_size=1,  # no second record fits
-                    max_request_size=self._settings.max_message_bytes,
-                    request_timeout_ms=int(REQUEST_TIMEOUT_SECONDS * 1000),
-                    compression_type=self._settings.producer_compression,
-                    **self._security.client_args(),
+                    request_timeout_ms=int(PRODUCER_REQUEST_TIMEOUT_SECONDS * 1000),
                 )
                 try:
                     await producer.start()

@@ -2,9 +2,8 @@
 leaving the group when stopped on purpose.
 
 A rebalance (a replica joining or leaving) waits until every member has rejoined, and a
-member hears of it only from its next heartbeat: at faust's and aiokafka's usual interval
-(a third of the session timeout, 3.3 s, or 3 s) that alone held a partition's events for
-seconds. HEARTBEAT_INTERVAL_SECONDS bounds it to one second.
+member hears of it only from its next heartbeat: HEARTBEAT_INTERVAL_SECONDS (kafka.tuning,
+where both runtimes' consumers take it from) bounds that to one second.
 
 With ASSEMBLER_GROUP_INSTANCE_ID set (static membership, KIP-345) aiokafka never sends
 LeaveGroup, so a stopped replica would hold its partitions for the whole session timeout.
@@ -17,8 +16,6 @@ broker accepts for a static member too.
 from __future__ import annotations
 
 from typing import Any
-
-HEARTBEAT_INTERVAL_SECONDS = 1.0
 
 
 def leave_on_stop(consumer: Any) -> None:

@@ -30,19 +30,13 @@ from functools import partial
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import (
-    KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    UnknownTopicOrPartitionError,
-    UnsupportedCodecError,
-)
+from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError, UnsupportedCodecError
 from opentelemetry.trace import Span
 
 from context_assembler.intake.framing import Resolved, schema_id_of
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.clients import acl_hint
+from context_assembler.kafka.errors import kafka_error, too_large
 from context_assembler.kafka.records import (
     Handler,
     HandlerContext,
@@ -54,20 +48,14 @@ from context_assembler.kafka.records import (
     record_size,
 )
 from context_assembler.kafka.schema_registry import OutputIds, RegistryUnavailable, SchemaRegistry
+from context_assembler.kafka.tuning import FIRST_RETRY_SECONDS, PRODUCER_BATCH_BYTES
 from context_assembler.kafka.undecodable import undecodable
 from context_assembler.observability.metrics import Metrics
 from context_assembler.observability.summary import AssemblySummary
 from context_assembler.observability.tracing import Tracing
-from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, Settings
+from context_assembler.settings import MIN_MESSAGE_BYTES, Settings
 
 log = logging.getLogger(__name__)
-# Producer batches, both paths: up to 1 MiB (or max_message_bytes, if less), sent 5 ms after
-# their first record at the latest. The clients' defaults (16 KB, no linger) sent almost
-# every output in a request of its own.
-PRODUCER_BATCH_BYTES = DEFAULT_MAX_MESSAGE_BYTES
-PRODUCER_LINGER_MS = 5
-# Events handed to the engine thread in one call, at most (`process_all`).
-ENGINE_BATCH = 64
 Send = Callable[[OutRecord], Awaitable[object]]
 # Hands a record of the event at Origin to the producer; the awaitable it returns is done
 # once the broker acknowledged the record (or failed with the reason it did not).
@@ -83,21 +71,9 @@ class _Refused(Exception):
     """A record was refused as too large, and a smaller outcome can be made for its event."""
 
 
-def _kafka_error(error: BaseException | None) -> KafkaError | None:
-    """`error`, or the Kafka error it wraps (faust raises ProducerSendError from it)."""
-    while error is not None and not isinstance(error, KafkaError):
-        error = error.__cause__
-    return error
-
-
-def too_large(error: BaseException | None) -> bool:
-    """Refused for its size, by the producer (before sending) or by the broker."""
-    return isinstance(_kafka_error(error), MessageSizeTooLargeError | RecordListTooLargeError)
-
-
 def persistent(error: BaseException) -> bool:
     """Retrying will not fix it: a missing or forbidden topic, a setting, a bug."""
-    kafka = _kafka_error(error)
+    kafka = kafka_error(error)
     if kafka is None or isinstance(kafka, UnknownTopicOrPartitionError):
         return True  # topics are never auto-created here: a missing one stays missing
     return not (kafka.retriable or isinstance(kafka, KafkaTimeoutError))
@@ -110,7 +86,7 @@ class Attempts:
     def __init__(self, runner: EventRunner, what: str) -> None:
         self._runner = runner
         self._what = what
-        self._delay = 0.1
+        self._delay = FIRST_RETRY_SECONDS
 
     async def failed(self, error: BaseException, what: str | None = None) -> None:
         """Record `error` (of `what`, if more precise than this delivery's name) and back
@@ -119,9 +95,9 @@ class Attempts:
         what = what or self._what
         runner.metrics.retries.inc()
         if persistent(error):
-            runner.stuck[self] = f"{what}: {error!r}{acl_hint(_kafka_error(error))}"
+            runner.stuck[self] = f"{what}: {error!r}{acl_hint(kafka_error(error))}"
             log.error("%s failed, retrying in %.1fs: %r%s", what, self._delay, error,
-                      acl_hint(_kafka_error(error)))
+                      acl_hint(kafka_error(error)))
         else:
             runner.stuck.pop(self, None)
             log.warning("%s failed, retrying in %.1fs: %r", what, self._delay, error)

@@ -67,24 +67,21 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from context_assembler.collector import collect_less
 from context_assembler.kafka.batches import read_ahead
-from context_assembler.kafka.clients import acl_hint, kafka_security
+from context_assembler.kafka.clients import KafkaClients, acl_hint, group_consumer, kafka_security
+from context_assembler.kafka.errors import too_large
 from context_assembler.kafka.records import Origin, Outcome, OutRecord, value_of
 from context_assembler.kafka.runtime.delivery import CommitRounds, batches, hand_over
-from context_assembler.kafka.runtime.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
-from context_assembler.kafka.runtime.runner import (
+from context_assembler.kafka.runtime.membership import leave_on_stop
+from context_assembler.kafka.runtime.runner import Attempts, EventRunner, Stopped
+from context_assembler.kafka.tuning import (
+    BATCH_RECORDS,
+    MAX_EVENTS_IN_FLIGHT,
+    POLL_TIMEOUT_MS,
     PRODUCER_LINGER_MS,
-    Attempts,
-    EventRunner,
-    Stopped,
-    too_large,
 )
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
-BATCH_RECORDS = 200
-# Read ahead of the commits by this much at most (~20 MB of 50 KB events): enough to keep the
-# engine busy while a round commits, bounded so that a round's transactions stay small.
-MAX_EVENTS_IN_FLIGHT = 2 * BATCH_RECORDS
 Assembled = tuple[bytes, Origin, Outcome]  # an event, and what the engine made of it
 
 
@@ -173,17 +170,7 @@ class TransactionalWorker:
 
     async def run(self) -> None:
         settings = self.settings
-        consumer = self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers,
-            group_id=settings.group_id,
-            group_instance_id=settings.group_instance_id,  # static membership if set
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=int(settings.session_timeout_seconds * 1000),
-            heartbeat_interval_ms=int(HEARTBEAT_INTERVAL_SECONDS * 1000),
-            isolation_level="read_committed",
-            **self.security.client_args(),
-        )
+        consumer = self._consumer = group_consumer(settings, self.security)
         consumer.subscribe([settings.input_topic], listener=self.assignment)
         self.runner.watch_lag(consumer.last_stable_offset)  # read_committed reads up to it
         try:
@@ -195,7 +182,8 @@ class TransactionalWorker:
                                          or read_ahead.full):
                     await self._one_finished()
                 try:
-                    batch = await consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
+                    batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS,
+                                                   max_records=BATCH_RECORDS)
                 except UnsupportedCodecError as error:
                     self.runner.cannot_decode(error)
                     break  # read no further: only what was read before is committed
@@ -244,16 +232,10 @@ class TransactionalWorker:
         return claims
 
     def _new_producer(self, tp: TopicPartition, batch_bytes: int) -> AIOKafkaProducer:
-        return AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap_servers,
+        return KafkaClients.of(self.settings, self.security).producer(
             transactional_id=self.settings.transactional_id_for(tp.topic, tp.partition),
-            enable_idempotence=True,
-            acks="all",
-            max_request_size=self.settings.max_message_bytes,
             max_batch_size=batch_bytes,
             linger_ms=PRODUCER_LINGER_MS,
-            compression_type=self.settings.producer_compression,
-            **self.security.client_args(),
         )
 
     async def take(self, assigned: Iterable[TopicPartition]) -> None:

@@ -14,17 +14,17 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.framing import frame, unframed
 from context_assembler.intake.recorded_policies import RecordedPolicies, record_bytes
-from context_assembler.kafka.clients import PLAINTEXT, KafkaSecurity, kafka_security
+from context_assembler.kafka.clients import PLAINTEXT, KafkaClients, KafkaSecurity, kafka_security
 from context_assembler.kafka.records import SkippedBatch
 from context_assembler.kafka.tools.produce import check_topic
 from context_assembler.kafka.tools.reader import TopicReader
 from context_assembler.kafka.tools.topics import TopicError
+from context_assembler.kafka.tuning import FIRST_PUBLISH_RETRY_SECONDS
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,9 +35,7 @@ async def publish(servers: str, topic: str, policies: Sequence[Policy],
                   security: KafkaSecurity = PLAINTEXT, schema_id: int | None = None) -> None:
     """Each policy's record, keyed by its hash (framed with `schema_id`, if given); returns
     once the broker has them all."""
-    producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True,
-                                max_request_size=max_request_size,
-                                compression_type=compression, **security.client_args())
+    producer = KafkaClients(servers, security, compression, max_request_size).producer()
     try:
         await producer.start()
         values = [record_bytes(p) for p in policies]
@@ -71,7 +69,7 @@ async def publish_at_start(
     `recording`, then retried."""
     recording = recording or Recording()
     security = kafka_security(settings)
-    delay = 0.5
+    delay = FIRST_PUBLISH_RETRY_SECONDS
     topic = settings.policies_topic
     while not stop.is_set():
         try:

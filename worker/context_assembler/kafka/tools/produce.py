@@ -12,21 +12,16 @@ import asyncio
 from collections.abc import Iterable
 
 import orjson
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import TopicAuthorizationFailedError, UnknownTopicOrPartitionError
 
 from context_assembler.kafka.clients import (
     PLAINTEXT,
     REFUSED_CONNECTION,
-    TOPIC_AUTHORIZATION_FAILED,
+    KafkaClients,
     KafkaSecurity,
 )
-from context_assembler.kafka.tools.topics import (
-    UNKNOWN_TOPIC_OR_PARTITION,
-    missing_topic,
-    not_authorized,
-    refused,
-)
+from context_assembler.kafka.errors import answered
+from context_assembler.kafka.tools.topics import missing_topic, not_authorized, refused
 
 
 def key_of(line: bytes) -> bytes | None:
@@ -41,8 +36,7 @@ def key_of(line: bytes) -> bytes | None:
 async def check_topic(bootstrap_servers: str, topic: str,
                       security: KafkaSecurity = PLAINTEXT) -> None:
     """Raise TopicError unless the broker answers and has `topic`."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000,
-                                **security.client_args())
+    admin = KafkaClients(bootstrap_servers, security).admin()
     try:
         await admin.start()
         described = await admin.describe_topics([topic])
@@ -50,9 +44,9 @@ async def check_topic(bootstrap_servers: str, topic: str,
         raise await refused(bootstrap_servers, security) from None
     finally:
         await admin.close()
-    if any(t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION for t in described) or not described:
+    if any(answered(t, UnknownTopicOrPartitionError) for t in described) or not described:
         raise missing_topic(topic)
-    if any(t["error_code"] == TOPIC_AUTHORIZATION_FAILED for t in described):
+    if any(answered(t, TopicAuthorizationFailedError) for t in described):
         raise not_authorized(topic, "DESCRIBE")
 
 
@@ -62,9 +56,7 @@ async def produce(
 ) -> list[tuple[int, int]]:
     """Send each non-blank line; the partition and offset of each, in order."""
     await check_topic(bootstrap_servers, topic, security)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
-                                enable_idempotence=True, compression_type=compression,
-                                **security.client_args())
+    producer = KafkaClients(bootstrap_servers, security, compression).producer()
     try:
         await producer.start()
     except REFUSED_CONNECTION:

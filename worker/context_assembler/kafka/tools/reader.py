@@ -9,21 +9,23 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import UnsupportedCodecError
+from aiokafka import TopicPartition
+from aiokafka.errors import NoError, UnsupportedCodecError
 from aiokafka.structs import ConsumerRecord
 
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.kafka.batches import guard
-from context_assembler.kafka.clients import PLAINTEXT, REFUSED_CONNECTION, KafkaSecurity
+from context_assembler.kafka.clients import (
+    PLAINTEXT,
+    REFUSED_CONNECTION,
+    KafkaClients,
+    KafkaSecurity,
+)
+from context_assembler.kafka.errors import answered
 from context_assembler.kafka.tools.topics import refused
+from context_assembler.kafka.tuning import FETCH_WAIT_MS, POLL_TIMEOUT_MS
 from context_assembler.kafka.undecodable import Undecodable, undecodable
 
-# A range ends at offsets known in advance: a fetch at a partition's end need not wait for
-# records that may come (the broker's long poll, 500 ms by default, for each read's last
-# fetches).
-FETCH_WAIT_MS = 50
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
 
@@ -92,17 +94,13 @@ def describe_range(
 class TopicReader:
     def __init__(self, bootstrap_servers: str, security: KafkaSecurity = PLAINTEXT) -> None:
         guard()  # the bound the command set, else the default: never a batch decoded whole
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
+        clients = KafkaClients(bootstrap_servers, security)
+        self._consumer = clients.consumer(
             group_id=None,  # no group: nothing to join, nothing committed
-            enable_auto_commit=False,
             auto_offset_reset="none",
-            isolation_level="read_committed",  # never an aborted transaction's records
             fetch_max_wait_ms=FETCH_WAIT_MS,
-            **security.client_args(),
         )
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers,
-                                          **security.client_args())
+        self._admin = clients.admin()
         self._servers = bootstrap_servers
         self._security = security
 
@@ -133,7 +131,7 @@ class TopicReader:
         found = [
             part["partition"]
             for entry in described
-            if entry["topic"] == topic and entry["error_code"] == 0
+            if entry["topic"] == topic and answered(entry, NoError)
             for part in entry["partitions"]
         ]
         if not found:
@@ -218,7 +216,7 @@ class TopicReader:
         for tp, offset in starts.items():
             self._consumer.seek(tp, offset)
         while True:
-            batch = await self._consumer.getmany(timeout_ms=500)
+            batch = await self._consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
             for records in batch.values():
                 for record in records:
                     yield record
@@ -241,7 +239,7 @@ class TopicReader:
         started: set[TopicPartition] = set()
         while todo:
             try:
-                batch = await self._consumer.getmany(*todo, timeout_ms=500)
+                batch = await self._consumer.getmany(*todo, timeout_ms=POLL_TIMEOUT_MS)
             except UnsupportedCodecError as error:
                 raise Undecodable(undecodable(error, topic)) from None
             for tp, records in batch.items():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from context_assembler.kafka.clients import KafkaSecurity, kafka_security
+from context_assembler.kafka.clients import KafkaClients, KafkaSecurity, kafka_security
 from context_assembler.kafka.records import (
     ERR,
     TRUNCATED,
@@ -170,11 +170,7 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
 async def _producer(request: RedriveRequest) -> AsyncIterator[AIOKafkaProducer]:
     settings = request.settings
     await check_topic(settings.bootstrap_servers, settings.input_topic, request.security)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all",
-                                enable_idempotence=True,
-                                max_request_size=settings.max_message_bytes,
-                                compression_type=settings.producer_compression,
-                                **request.security.client_args())
+    producer = KafkaClients.of(settings, request.security).producer()
     await producer.start()
     try:
         yield producer

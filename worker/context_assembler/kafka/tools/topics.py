@@ -21,7 +21,13 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, NodeNotReadyError
+from aiokafka.errors import (
+    KafkaError,
+    NodeNotReadyError,
+    NoError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 
 from context_assembler.contract.catalogue import TOPICS
 from context_assembler.engine.errors import ContextAssemblerError
@@ -29,17 +35,17 @@ from context_assembler.kafka.clients import (
     ACLS_HINT,
     PLAINTEXT,
     REFUSED_CONNECTION,
+    KafkaClients,
     KafkaSecurity,
     connection_problem,
     kafka_security,
 )
+from context_assembler.kafka.errors import answered
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
 
 CREATE_COMMAND = "context-assembler topics create"
-TOPIC_ALREADY_EXISTS = 36
-UNKNOWN_TOPIC_OR_PARTITION = 3
 # With three replicas or more, a write is acknowledged once two hold it (acks=all): one broker
 # may be down and nothing acknowledged is lost with the leader. Fewer replicas keep the
 # broker's default, so a lone broker down does not stop every write.
@@ -176,8 +182,7 @@ async def create_topics(servers: str, specs: list[TopicSpec],
                         security: KafkaSecurity = PLAINTEXT) -> list[TopicReport]:
     """Create what is missing; compare what exists with the spec. Raises TopicError when the
     broker cannot be reached or refuses a topic."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000,
-                                **security.client_args())
+    admin = KafkaClients(servers, security).admin()
     try:
         await admin.start()
     except REFUSED_CONNECTION:
@@ -191,9 +196,9 @@ async def create_topics(servers: str, specs: list[TopicSpec],
         failures = []
         by_name = {s.name: s for s in specs}
         for error in response.to_object()["topic_errors"]:
-            if error["error_code"] == TOPIC_ALREADY_EXISTS:
+            if answered(error, TopicAlreadyExistsError):
                 existing.append(by_name[error["topic"]])
-            elif error["error_code"] != 0:
+            elif not answered(error, NoError):
                 problem = error["error_message"] or f"error {error['error_code']}"
                 failures.append(f"{error['topic']}: {problem}")
         if failures:
@@ -276,8 +281,7 @@ class TopicWatch:
     async def run(self) -> None:
         """Until cancelled. A broker that does not answer leaves the last finding as it is:
         the consumer reports that on its own."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._servers, request_timeout_ms=10_000,
-                                    **self._security.client_args())
+        admin = KafkaClients(self._servers, self._security).admin()
         try:
             while True:
                 try:
@@ -303,7 +307,7 @@ class TopicWatch:
         self.refused = problem
 
     def _update(self, described: list[dict[str, Any]]) -> None:
-        unknown = {t["topic"] for t in described if t["error_code"] == UNKNOWN_TOPIC_OR_PARTITION}
+        unknown = {t["topic"] for t in described if answered(t, UnknownTopicOrPartitionError)}
         missing = tuple(t for t in self.topics if t in unknown)  # the broker's order varies
         for topic in sorted(set(missing) - set(self.missing)):
             log.error("topic %s does not exist; create it with `%s`", topic, CREATE_COMMAND,

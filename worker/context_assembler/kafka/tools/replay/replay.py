@@ -35,7 +35,7 @@ from context_assembler.intake.recorded_policies import (
     PolicyNotRecorded,
     RecordedPolicies,
 )
-from context_assembler.kafka.clients import PLAINTEXT, KafkaSecurity, kafka_security
+from context_assembler.kafka.clients import PLAINTEXT, KafkaClients, KafkaSecurity, kafka_security
 from context_assembler.kafka.records import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -52,6 +52,7 @@ from context_assembler.kafka.schema_registry import SchemaRegistry
 from context_assembler.kafka.tools.policies_topic import read_policies
 from context_assembler.kafka.tools.reader import RangeError, Span, TopicReader, describe_range, iso
 from context_assembler.kafka.tools.replay.outputs import OutputFiles, Progress, output_files
+from context_assembler.kafka.tuning import REPLAY_TRANSACTION_TIMEOUT_MS
 from context_assembler.settings import Settings
 
 Coordinates = tuple[int, int]  # input partition, offset
@@ -279,12 +280,9 @@ async def _transaction(request: ReplayRequest) -> AsyncIterator[AIOKafkaProducer
     if not request.to_topic:
         yield None
         return
-    producer = AIOKafkaProducer(
-        bootstrap_servers=request.settings.bootstrap_servers,
+    producer = KafkaClients.of(request.settings, request.security).producer(
         transactional_id=f"context-assembler-replay-{uuid.uuid4()}",
-        transaction_timeout_ms=900_000,
-        compression_type=request.settings.producer_compression,
-        **request.security.client_args(),
+        transaction_timeout_ms=REPLAY_TRANSACTION_TIMEOUT_MS,
     )
     await producer.start()
     try:
