@@ -92,6 +92,7 @@ def _focus(evented: RetrievalResult, budget: int) -> tuple[list[Any], list[Any]]
 
     packing = FocusPacking(budget=budget, question=evented.question, count=COUNTER.count,
                            count_known=COUNTER.count_known, remember=COUNTER.remember,
+                           remember_rest=COUNTER.remember_rest,
                            tokenizer=COUNTER.name,
                            header=lambda _: "[S9] (-) ", cost=cost, separator_tokens=1, max_chunks=None)
     return focus(candidates, packing, CopyDetector(DedupPolicy()))

@@ -150,3 +150,16 @@ def test_every_text_is_counted_as_tiktoken_encode_ordinary_counts_it(
     tiktoken_encoding = _ENCODINGS(encoding)
     counter = TiktokenCounter(tiktoken_encoding)  # its own cache: every text counted afresh
     assert counter.count(text) == len(tiktoken_encoding.encode_ordinary(text))
+
+
+@settings(max_examples=400, deadline=None)
+@given(TRICKY, TRICKY, st.sampled_from(["cl100k_base", "o200k_base"]))
+def test_a_count_remembered_from_its_whole_is_the_tokenizers(
+    left: str, right: str, encoding: str
+) -> None:
+    """`remember_rest` holds the right part's count worked out from the whole's only where
+    that is exact: counting the part afterwards gives what the tokenizer gives it."""
+    tiktoken_encoding = _ENCODINGS(encoding)
+    counter = TiktokenCounter(tiktoken_encoding)  # its own cache
+    counter.remember_rest(len(tiktoken_encoding.encode_ordinary(left + right)), left, right)
+    assert counter.count(right) == len(tiktoken_encoding.encode_ordinary(right))

@@ -160,6 +160,7 @@ def _focus(
         count=assembling.counter.count,
         count_known=assembling.counter.count_known,
         remember=assembling.counter.remember,
+        remember_rest=assembling.counter.remember_rest,
         tokenizer=assembling.counter.name,
         header=lambda candidate: assembling.passage_costs.rendered(candidate, ""),
         cost=assembling.passage_costs.tokens,
@@ -229,7 +230,8 @@ def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
         for item, label in zip(ordered, labels, strict=True)
     ]
     for item, label, text in zip(ordered, labels, passages, strict=True):
-        if item.compressed:  # a new text: counted from its header and its extract's count
+        if item.sentences is not None:  # focused: counted from its header and its text's
+            # count, which focusing left in the cache (the label is often new to the text)
             _count_new_passage(assembling.counter, text, render.header(
                 item.candidate.chunk, label, policy.render.header))
     user_parts = render.user_parts(assembling.event.question, passages, policy.render)
@@ -243,8 +245,8 @@ def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
 
 
 def _count_new_passage(counter: TokenCounter, passage: str, header: str) -> None:
-    """Count an extract's passage as its header and the rest (an extract's count is often
-    known, see `focus`), and remember it: the context and the prompt count it whole."""
+    """Count a focused passage as its header and the rest (whose count focusing left in
+    the cache, see `focus`), and remember it: the context and the prompt count it whole."""
     counter.remember(passage, counter.count_parts([header, passage[len(header):]]))
 
 

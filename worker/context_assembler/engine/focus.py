@@ -571,6 +571,8 @@ class FocusPacking:
     # the exact count of the parts joined, given the counts of some (None: not known)
     count_known: Callable[[Sequence[str], Sequence[int | None]], int]
     remember: Callable[[str, int], None]  # hold a count worked out from parts (`count`'s cache)
+    # hold the count of the right part, given the count of both (`TokenCounter.remember_rest`)
+    remember_rest: Callable[[int, str, str], None]
     tokenizer: str  # the name of what `count` counts with: analyses are kept per tokenizer
     header: Callable[[Candidate], str]  # the passage as rendered before its text
     cost: Callable[[Candidate, str], int]
@@ -655,8 +657,11 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     pieces, counts = extract(passage, elision)
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
-        return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False,
-                       sentences)
+        tokens = packing.cost(candidate, candidate.text)
+        if passage.header_text.endswith(" "):  # the text after its blank, as the render
+            # counts the passage under its final label (header, then this: a cut)
+            packing.remember_rest(tokens, passage.header_text[:-1], f" {candidate.text}")
+        return Focused(candidate, candidate.text, tokens, False, sentences)
     if neutralise(text) != text:
         return Focused(candidate, text, packing.cost(candidate, text), True, sentences)
     header = passage.header_text  # rendered when it was admitted (`_Taking.cost`)

@@ -66,6 +66,11 @@ class TokenCounter(Protocol):
         that counting `text` later is a cache hit."""
         ...
 
+    def remember_rest(self, tokens: int, left: str, right: str) -> None:
+        """`left + right` counts `tokens`: hold the count of `right` where it follows
+        exactly (no token spans the seam), so that counting `right` later is a cache hit."""
+        ...
+
 
 class CharsPerFour:
     """Seed 000's estimate: ceil(characters / 4)."""
@@ -84,6 +89,9 @@ class CharsPerFour:
     def remember(self, text: str, tokens: int) -> None:
         """Nothing to hold: counting is arithmetic."""
 
+    def remember_rest(self, tokens: int, left: str, right: str) -> None:
+        """Nothing to hold: counting is arithmetic."""
+
 
 class WordsTimesOnePointThree:
     """Seed 003's estimate: whitespace words x 1.3, rounded up (integer arithmetic)."""
@@ -100,6 +108,9 @@ class WordsTimesOnePointThree:
         return self.count_parts(parts)
 
     def remember(self, text: str, tokens: int) -> None:
+        """Nothing to hold: counting is arithmetic."""
+
+    def remember_rest(self, tokens: int, left: str, right: str) -> None:
         """Nothing to hold: counting is arithmetic."""
 
 
@@ -157,6 +168,10 @@ class TiktokenCounter:
 
     def remember(self, text: str, tokens: int) -> None:
         self.cache.put(text_key(text), tokens)
+
+    def remember_rest(self, tokens: int, left: str, right: str) -> None:
+        if _is_cut(left, right):  # count(left + right) == count(left) + count(right)
+            self.cache.put(text_key(right), tokens - self.count(left))
 
 
 _NONE: Final[frozenset[str]] = frozenset()  # no special tokens: their text counts as text
@@ -233,6 +248,9 @@ class HuggingFaceCounter:
 
     def remember(self, text: str, tokens: int) -> None:
         self.cache.put(text_key(text), tokens)
+
+    def remember_rest(self, tokens: int, left: str, right: str) -> None:
+        """Nothing: no cut rule says the counts of parts add up (`count_parts`)."""
 
 
 _lock = threading.Lock()
