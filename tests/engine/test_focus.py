@@ -17,6 +17,7 @@ from context_assembler.engine.focus import (
     NAME,
     NUMBER,
     FocusPacking,
+    analyse,
     asks_for,
     focus,
     held_kinds,
@@ -270,3 +271,21 @@ def test_the_rows_of_a_table_stay_rows() -> None:
     assert "Pressure washers | 2 years, pump: 3 years" in context
     kept = assemble(evented, focused(45)).prompt.context
     assert "Mowers | 2 years\nPressure washers | 2 years, pump: 3 years" in kept
+
+
+def test_a_passage_under_two_titles_is_analysed_once_and_matched_with_each_title() -> None:
+    """A copy of a passage under another document's title shares the analysis of its text
+    (one cache entry, not one per title), while the title's own words still match the
+    question: the passage whose title names the pump comes first."""
+    text = "It runs quietly. It needs a new filter every spring."
+    under_pump = Candidate(2, chunk("b", text, doc_id="d2", title="Garden pump manual"))
+    under_mower = Candidate(1, chunk("a", text, doc_id="d1", title="Lawn mower manual"))
+    assert analyse(under_pump, COUNTER.count, COUNTER.name) is analyse(
+        under_mower, COUNTER.count, COUNTER.name)
+    kept, dropped = focus([under_mower, under_pump], FocusPacking(
+        budget=40, question="How often does the pump need a new filter?", count=COUNTER.count,
+        count_known=COUNTER.count_known, remember=COUNTER.remember,
+        remember_rest=COUNTER.remember_rest, tokenizer=COUNTER.name,
+        header=lambda _: "[S9] (-) ", cost=lambda c, t: COUNTER.count(f"[S9] (-) {t}"),
+        separator_tokens=1, max_chunks=None), CopyDetector(DedupPolicy()))
+    assert kept[0].candidate is under_pump

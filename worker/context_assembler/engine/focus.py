@@ -252,14 +252,14 @@ def _pieces(sentence: str, count: Callable[[str], int]) -> list[tuple[str, bool]
 
 @dataclass(frozen=True, slots=True)
 class Analysis:
-    """What focusing reads of a passage whatever the question: its segments, their counts
-    (each after its joiner; the first at a line start), and the word forms of the whole
-    passage, title included."""
+    """What focusing reads of a passage's text whatever the question and the title: its
+    segments, their counts (each after its joiner; the first at a line start), and where
+    each word form is."""
 
     segments: tuple[Segment, ...]
     tokens: tuple[int, ...]
-    held: frozenset[str]
-    postings: dict[str, tuple[int, ...]]  # word form -> the segments holding it, in order
+    # word form -> the segments holding it, in order (bytes where every index fits one)
+    postings: dict[str, bytes | tuple[int, ...]]
     kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
     marked: dict[str, tuple[int, ...]]  # a word `marks_of` marks -> the segments it marks
     nbytes: int  # what holding it in the cache costs, approximately
@@ -281,20 +281,21 @@ def _analysis_bytes(analysis: Analysis) -> int:
     return analysis.nbytes
 
 
-# By (text key, title, tokenizer): a popular passage is split, stemmed and counted once.
-ANALYSES: Final[SizedCache[tuple[int, str | None, str], Analysis]] = caches.sized_cache(
+# By (text key, tokenizer): a popular passage is split, stemmed and counted once, whatever
+# title it comes under (a copy of a passage under another document's title shares it).
+ANALYSES: Final[SizedCache[tuple[int, str], Analysis]] = caches.sized_cache(
     "sentences", _analysis_bytes)
 _ENTRY_BYTES: Final = 400  # the entry, its key and tuples, besides what is counted below
 _SEGMENT_BYTES: Final = 200  # a Segment and its tuple of marks
-_WORD_BYTES: Final = 64  # a word form or a marked word, and its set or tuple slot
-_POSTING_BYTES: Final = 120  # a word form's entry in `postings`: its slot, string and tuple
-_INDEX_BYTES: Final = 8  # a segment's index in a posting tuple (small ints are shared)
+_WORD_BYTES: Final = 64  # a marked word, and its tuple slot
+_POSTING_BYTES: Final = 64  # a word form's entry in `postings`: its slot and its bytes or tuple
+_INDEX_BYTES: Final = 8  # a segment's index in a marked word's tuple (small ints are shared)
 _SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
 
 
 def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -> Analysis:
     """The passage's `Analysis`, from the cache when a request has made it before."""
-    key = (candidate.text_key, candidate.title, tokenizer)
+    key = (candidate.text_key, tokenizer)
     found = ANALYSES.get(key)
     if found is not None:
         return found
@@ -309,9 +310,6 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
                 postings[term] = [index]
             else:
                 holding.append(index)
-    held = frozenset(postings)
-    if candidate.title:
-        held |= terms(candidate.title)
     marked: dict[str, list[int]] = {}
     kinds_of: list[int] = []
     for index, part in enumerate(parts):
@@ -324,13 +322,18 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
         kinds_of.append(kinds_here)
     kinds = tuple(kinds_of)
     nbytes = (
-        _ENTRY_BYTES + sys.getsizeof(candidate.title or "") + 2 * len(candidate.text)
+        _ENTRY_BYTES + 2 * len(candidate.text)
         + sum(_SEGMENT_BYTES + _WORD_BYTES * len(s.marks) for s in parts)
-        + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in postings.values())
+        # word forms counted as if no other passage held them (they are often shared)
+        + sum(map(sys.getsizeof, postings))
+        + sum(_POSTING_BYTES + (1 if len(parts) <= 256 else _INDEX_BYTES) * len(found)
+              for found in postings.values())
         + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in marked.values())
-        + _WORD_BYTES * len(held) + _SPLITS_BYTES * len(parts)
+        + _SPLITS_BYTES * len(parts)
     )
-    found = Analysis(parts, tokens, held, {t: tuple(i) for t, i in postings.items()}, kinds,
+    compact: Callable[[list[int]], bytes | tuple[int, ...]] = (
+        bytes if len(parts) <= 256 else tuple)
+    found = Analysis(parts, tokens, {t: compact(i) for t, i in postings.items()}, kinds,
                      {w: tuple(i) for w, i in marked.items()}, nbytes)
     ANALYSES.put(key, found)
     return found
@@ -342,7 +345,7 @@ class _Passage:
     analysis: Analysis
     segments: tuple[Segment, ...]
     tokens: tuple[int, ...]  # each segment's count after a space (the first: at a line start)
-    held: frozenset[str]  # the word forms of the whole passage, title included
+    titled: frozenset[str]  # the word forms of its title
     chosen: list[bool]
     header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
     header_text: str = ""  # the passage as rendered before its text, once counted
@@ -429,7 +432,10 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     the segments taken, not with every segment of every passage."""
     question_terms = terms(question)
     question_words = frozenset(words(question))
-    shared_by = [sorted(question_terms & passage.held) for passage in passages]
+    shared_by = [
+        sorted(term for term in question_terms
+               if term in passage.analysis.postings or term in passage.titled)
+        for passage in passages]
     idf = weights_of_terms(shared_by, question_terms)
     mass = sum(idf.values()) or 1.0
     share = {term: weight / mass for term, weight in idf.items()}  # what a match adds
@@ -588,9 +594,14 @@ def focus(
     the candidates none of whose sentences was taken, with why."""
     count = packing.count
     passages: list[_Passage] = []
+    titles: dict[str, frozenset[str]] = {"": frozenset()}  # an event's chunks share titles
     for candidate in candidates:
         found = analyse(candidate, count, packing.tokenizer)
-        passages.append(_Passage(candidate, found, found.segments, found.tokens, found.held,
+        title = candidate.title or ""
+        titled = titles.get(title)
+        if titled is None:
+            titled = titles[title] = terms(title)
+        passages.append(_Passage(candidate, found, found.segments, found.tokens, titled,
                                  [False] * len(found.segments)))
     taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"), count,
                      packing.header)
