@@ -282,7 +282,7 @@ def test_a_passage_under_two_titles_is_analysed_once_and_matched_with_each_title
     under_mower = Candidate(1, chunk("a", text, doc_id="d1", title="Lawn mower manual"))
     assert analyse(under_pump, COUNTER.count, COUNTER.name) is analyse(
         under_mower, COUNTER.count, COUNTER.name)
-    kept, dropped = focus([under_mower, under_pump], FocusPacking(
+    kept, _ = focus([under_mower, under_pump], FocusPacking(
         budget=40, question="How often does the pump need a new filter?", count=COUNTER.count,
         count_known=COUNTER.count_known, remember=COUNTER.remember,
         remember_rest=COUNTER.remember_rest, tokenizer=COUNTER.name,
