@@ -669,8 +669,9 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
         tokens = packing.cost(candidate, candidate.text)
-        if passage.header_text.endswith(" "):  # the text after its blank, as the render
-            # counts the passage under its final label (header, then this: a cut)
+        if passage.header_text.endswith(" ") and neutralise(text) == text:  # the text after
+            # its blank, as the render counts the passage under its final label (header,
+            # then this: a cut); where the render defuses the text, what it shows differs
             packing.remember_rest(tokens, passage.header_text[:-1], f" {candidate.text}")
         return Focused(candidate, candidate.text, tokens, False, sentences)
     if neutralise(text) != text:
