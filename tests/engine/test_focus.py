@@ -92,8 +92,7 @@ def _focus(evented: RetrievalResult, budget: int) -> tuple[list[Any], list[Any]]
         return COUNTER.count(f"[S9] (-) {text}")
 
     packing = FocusPacking(budget=budget, question=evented.question, count=COUNTER.count,
-                           count_known=COUNTER.count_known, remember=COUNTER.remember,
-                           remember_rest=COUNTER.remember_rest,
+                           count_known=COUNTER.count_known, count_rest=COUNTER.count_rest,
                            tokenizer=COUNTER.name,
                            header=lambda _: "[S9] (-) ", cost=cost, separator_tokens=1, max_chunks=None)
     return focus(candidates, packing, CopyDetector(DedupPolicy()))
@@ -117,13 +116,13 @@ def test_every_kept_passage_is_its_chunks_sentences_verbatim_in_order(
 def test_the_counts_focusing_works_out_from_parts_are_the_tokenizers(
     evented: RetrievalResult, budget: int
 ) -> None:
-    """Each passage's cost, and the extract count it remembers for the render, are what
-    the tokenizer itself gives the joined text (counted afresh, no cache)."""
+    """Each passage's cost, and the count of its text it hands the render, are what the
+    tokenizer itself gives the joined text (counted afresh, no cache)."""
     encoding = load_encoding("cl100k_base")
     kept, _ = _focus(evented, budget)
     for item in kept:
         assert item.tokens == len(encoding.encode_ordinary(f"[S9] (-) {item.text}"))
-        assert COUNTER.count(f" {item.text}") == len(encoding.encode_ordinary(f" {item.text}"))
+        assert item.text_tokens in (None, len(encoding.encode_ordinary(f" {item.text}")))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -284,8 +283,7 @@ def test_a_passage_under_two_titles_is_analysed_once_and_matched_with_each_title
         under_mower, COUNTER.count, COUNTER.name)
     kept, _ = focus([under_mower, under_pump], FocusPacking(
         budget=40, question="How often does the pump need a new filter?", count=COUNTER.count,
-        count_known=COUNTER.count_known, remember=COUNTER.remember,
-        remember_rest=COUNTER.remember_rest, tokenizer=COUNTER.name,
+        count_known=COUNTER.count_known, count_rest=COUNTER.count_rest, tokenizer=COUNTER.name,
         header=lambda _: "[S9] (-) ", cost=lambda c, t: COUNTER.count(f"[S9] (-) {t}"),
         separator_tokens=1, max_chunks=None), CopyDetector(DedupPolicy()))
     assert kept[0].candidate is under_pump

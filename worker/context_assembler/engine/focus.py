@@ -145,6 +145,19 @@ def terms(text: str) -> frozenset[str]:
         for word in words(text) if word not in STOPWORDS)
 
 
+_title_terms_short = functools.lru_cache(caches.max_entries("title_forms"))(terms)
+caches.register_function_cache("title_forms", _title_terms_short)
+_CACHED_TITLE_CHARS: Final = 200
+
+
+def title_terms(title: str | None) -> frozenset[str]:
+    """`terms` of a chunk's title, remembered for titles of usual length (a popular
+    document's chunks share one)."""
+    if not title:
+        return frozenset()
+    return _title_terms_short(title) if len(title) <= _CACHED_TITLE_CHARS else terms(title)
+
+
 def asks_for(question: str) -> int:
     """What kind of answer `question` asks for (DATE, NUMBER, NAME bits; 0: no cue)."""
     found = words(question)
@@ -363,6 +376,7 @@ class Focused:
     tokens: int
     compressed: bool
     sentences: tuple[int, int]
+    text_tokens: int | None = None  # the count of " " + text, where known: the render's
 
 
 def extract(passage: _Passage, elision: int) -> tuple[list[str], list[int | None]]:
@@ -433,8 +447,7 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     question_terms = terms(question)
     question_words = frozenset(words(question))
     shared_by = [
-        sorted(term for term in question_terms
-               if term in passage.analysis.postings or term in passage.titled)
+        sorted(question_terms & passage.analysis.postings.keys() | question_terms & passage.titled)
         for passage in passages]
     idf = weights_of_terms(shared_by, question_terms)
     mass = sum(idf.values()) or 1.0
@@ -576,9 +589,8 @@ class FocusPacking:
     count: Callable[[str], int]
     # the exact count of the parts joined, given the counts of some (None: not known)
     count_known: Callable[[Sequence[str], Sequence[int | None]], int]
-    remember: Callable[[str, int], None]  # hold a count worked out from parts (`count`'s cache)
-    # hold the count of the right part, given the count of both (`TokenCounter.remember_rest`)
-    remember_rest: Callable[[int, str, str], None]
+    # the count of the right part, given the count of both (`TokenCounter.count_rest`)
+    count_rest: Callable[[int, str, str], int | None]
     tokenizer: str  # the name of what `count` counts with: analyses are kept per tokenizer
     header: Callable[[Candidate], str]  # the passage as rendered before its text
     cost: Callable[[Candidate, str], int]
@@ -594,15 +606,10 @@ def focus(
     the candidates none of whose sentences was taken, with why."""
     count = packing.count
     passages: list[_Passage] = []
-    titles: dict[str, frozenset[str]] = {"": frozenset()}  # an event's chunks share titles
     for candidate in candidates:
         found = analyse(candidate, count, packing.tokenizer)
-        title = candidate.title or ""
-        titled = titles.get(title)
-        if titled is None:
-            titled = titles[title] = terms(title)
-        passages.append(_Passage(candidate, found, found.segments, found.tokens, titled,
-                                 [False] * len(found.segments)))
+        passages.append(_Passage(candidate, found, found.segments, found.tokens,
+                                 title_terms(candidate.title), [False] * len(found.segments)))
     taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"), count,
                      packing.header)
     dropped: dict[int, Drop] = {}
@@ -669,22 +676,22 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
         tokens = packing.cost(candidate, candidate.text)
+        known = None
         if passage.header_text.endswith(" ") and neutralise(text) == text:  # the text after
             # its blank, as the render counts the passage under its final label (header,
             # then this: a cut); where the render defuses the text, what it shows differs
-            packing.remember_rest(tokens, passage.header_text[:-1], f" {candidate.text}")
-        return Focused(candidate, candidate.text, tokens, False, sentences)
+            known = packing.count_rest(tokens, passage.header_text[:-1], f" {candidate.text}")
+        return Focused(candidate, candidate.text, tokens, False, sentences, known)
     if neutralise(text) != text:
         return Focused(candidate, text, packing.cost(candidate, text), True, sentences)
     header = passage.header_text  # rendered when it was admitted (`_Taking.cost`)
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
-        # The extract after its blank, counted once from its pieces and remembered: the
-        # render counts the passage under its final label from it.
-        spaced = f" {text}"
+        # The extract after its blank, counted once from its pieces: the render counts the
+        # passage under its final label from it.
         tokens = packing.count_known([f" {pieces[0]}", *pieces[1:]],
                                      [elision if pieces[0] == ELISION else None, *counts[1:]])
-        packing.remember(spaced, tokens)
-        return Focused(candidate, text, packing.count_known([header[:-1], spaced],
-                                                            [None, tokens]), True, sentences)
+        return Focused(candidate, text, packing.count_known([header[:-1], f" {text}"],
+                                                            [None, tokens]), True, sentences,
+                       tokens)
     return Focused(candidate, text, packing.count_known([header, *pieces], [None, *counts]),
                    True, sentences)

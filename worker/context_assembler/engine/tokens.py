@@ -66,9 +66,9 @@ class TokenCounter(Protocol):
         that counting `text` later is a cache hit."""
         ...
 
-    def remember_rest(self, tokens: int, left: str, right: str) -> None:
-        """`left + right` counts `tokens`: hold the count of `right` where it follows
-        exactly (no token spans the seam), so that counting `right` later is a cache hit."""
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        """The count of `right`, where `left + right` counts `tokens` and that says it
+        exactly (no token spans the seam); None where it does not."""
         ...
 
 
@@ -89,8 +89,8 @@ class CharsPerFour:
     def remember(self, text: str, tokens: int) -> None:
         """Nothing to hold: counting is arithmetic."""
 
-    def remember_rest(self, tokens: int, left: str, right: str) -> None:
-        """Nothing to hold: counting is arithmetic."""
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        return self.count(right)
 
 
 class WordsTimesOnePointThree:
@@ -110,8 +110,8 @@ class WordsTimesOnePointThree:
     def remember(self, text: str, tokens: int) -> None:
         """Nothing to hold: counting is arithmetic."""
 
-    def remember_rest(self, tokens: int, left: str, right: str) -> None:
-        """Nothing to hold: counting is arithmetic."""
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        return self.count(right)
 
 
 class TiktokenCounter:
@@ -169,9 +169,10 @@ class TiktokenCounter:
     def remember(self, text: str, tokens: int) -> None:
         self.cache.put(text_key(text), tokens)
 
-    def remember_rest(self, tokens: int, left: str, right: str) -> None:
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
         if _is_cut(left, right):  # count(left + right) == count(left) + count(right)
-            self.cache.put(text_key(right), tokens - self.count(left))
+            return tokens - self.count(left)
+        return None
 
 
 _NONE: Final[frozenset[str]] = frozenset()  # no special tokens: their text counts as text
@@ -249,8 +250,9 @@ class HuggingFaceCounter:
     def remember(self, text: str, tokens: int) -> None:
         self.cache.put(text_key(text), tokens)
 
-    def remember_rest(self, tokens: int, left: str, right: str) -> None:
-        """Nothing: no cut rule says the counts of parts add up (`count_parts`)."""
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        """None: no cut rule says the counts of parts add up (`count_parts`)."""
+        return None
 
 
 _lock = threading.Lock()
