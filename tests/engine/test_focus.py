@@ -23,11 +23,12 @@ from context_assembler.engine.focus import (
     held_kinds,
     marks_of,
     segments,
+    sentence_counter,
     stem,
     terms,
 )
 from context_assembler.engine.policy import DedupPolicy, Policy, policy_from_mapping
-from context_assembler.engine.tokens import get_counter
+from context_assembler.engine.tokens import TiktokenCounter, get_counter
 from context_assembler.engine.vocabulary import load_encoding
 from context_assembler.intake.policies import load_preset
 from tests.factories import chunk, event
@@ -301,3 +302,31 @@ def test_a_whole_passage_whose_text_the_render_defuses_is_counted_as_shown() -> 
     assert result.audit.tokens.context == len(encoding.encode_ordinary(result.prompt.context))
     assert result.audit.kept[0].tokens == len(encoding.encode_ordinary(result.prompt.context))
     assert COUNTER.count(f" {text}") == len(encoding.encode_ordinary(f" {text}"))
+
+
+LONG_TEXT = st.lists(
+    st.builds(lambda words, end: " ".join(words) + end, st.lists(WORDS, min_size=1,
+                                                                  max_size=70),
+              st.sampled_from([".", "!", "", ". "])),
+    min_size=1, max_size=6).map(lambda parts: " ".join(parts).strip() or "x")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(LONG_TEXT, st.sampled_from(["cl100k_base", "o200k_base", "chars/4", "words*1.3"]))
+def test_long_sentences_are_cut_and_counted_as_the_tokenizer_counts_them(
+    text: str, name: str
+) -> None:
+    """A long sentence's count alone, worked out from its count after a blank, cuts it
+    where counting it afresh would; every segment's count is the tokenizer's."""
+    counter = get_counter(name)  # type: ignore[arg-type]
+    packing = FocusPacking(
+        budget=100, question="q", count=counter.count, count_known=counter.count_known,
+        count_rest=counter.count_rest, tokenizer=counter.name, header=lambda _: "",
+        cost=lambda c, t: 0, separator_tokens=0, max_chunks=None)
+    cut = segments(text, counter.count, sentence_counter(packing))
+    assert cut == segments(text, counter.count)
+    fresh = get_counter(name) if name.startswith(("chars", "words")) else TiktokenCounter(  # type: ignore[arg-type]
+        load_encoding(name))
+    for number, segment in enumerate(cut):
+        joined = "" if number == 0 else segment.joined
+        assert counter.count(joined + segment.text) == fresh.count(joined + segment.text)

@@ -220,7 +220,12 @@ class Segment:
     marks: Marks  # its words that may be an answer (`marks_of`)
 
 
-def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
+# The count of a sentence alone, told whether it will be counted after a blank too.
+SentenceCount = Callable[[str, bool], int]
+
+
+def segments(text: str, count: Callable[[str], int],
+             count_sentence: SentenceCount | None = None) -> list[Segment]:
     """`text` cut into sentences, and a sentence that counts more than MAX_SEGMENT_TOKENS
     into pieces at spaces (at a character if it has none): every piece verbatim. A segment
     that starts a line is joined to the one before by a line break, so that the rows of a
@@ -234,7 +239,9 @@ def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
                 continue
             first = words(sentence[:40])
             leans = bool(first) and first[0] in LEANING
-            for number, piece in enumerate(_pieces(sentence, count)):
+            alone = (count_sentence(sentence, not opens_line) if count_sentence
+                     else count(sentence)) if len(sentence) > _LONGEST_CHARS else 0
+            for number, piece in enumerate(_pieces(sentence, alone)):
                 joined = "\n" if opens_line else " " if number == 0 or piece[1] else ""
                 opens_line = False
                 found.append(Segment(piece[0], joined, leans if number == 0 else True,
@@ -242,11 +249,15 @@ def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
     return found
 
 
-def _pieces(sentence: str, count: Callable[[str], int]) -> list[tuple[str, bool]]:
+_LONGEST_CHARS: Final = MAX_SEGMENT_TOKENS * _CHARS_PER_TOKEN_LEAST  # a piece's at most
+
+
+def _pieces(sentence: str, tokens: int) -> list[tuple[str, bool]]:
     """(piece, whether a space came before it) for a sentence cut to about
-    MAX_SEGMENT_TOKENS each; a short sentence is one piece."""
-    longest = MAX_SEGMENT_TOKENS * _CHARS_PER_TOKEN_LEAST
-    if len(sentence) <= longest or count(sentence) <= MAX_SEGMENT_TOKENS:
+    MAX_SEGMENT_TOKENS each; a short sentence (`tokens`: its count, or 0 where it is too
+    short in characters to be long) is one piece."""
+    longest = _LONGEST_CHARS
+    if tokens <= MAX_SEGMENT_TOKENS:
         return [(sentence, True)]
     pieces: list[tuple[str, bool]] = []
     start, spaced = 0, True
@@ -306,13 +317,14 @@ _INDEX_BYTES: Final = 8  # a segment's index in a marked word's tuple (small int
 _SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
 
 
-def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -> Analysis:
+def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
+            count_sentence: SentenceCount | None = None) -> Analysis:
     """The passage's `Analysis`, from the cache when a request has made it before."""
     key = (candidate.text_key, tokenizer)
     found = ANALYSES.get(key)
     if found is not None:
         return found
-    parts = tuple(segments(candidate.text, count))
+    parts = tuple(segments(candidate.text, count, count_sentence))
     tokens = tuple(count(s.text) if n == 0 else count(s.joined + s.text)
                    for n, s in enumerate(parts))
     postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
@@ -606,8 +618,9 @@ def focus(
     the candidates none of whose sentences was taken, with why."""
     count = packing.count
     passages: list[_Passage] = []
+    count_sentence = sentence_counter(packing)
     for candidate in candidates:
-        found = analyse(candidate, count, packing.tokenizer)
+        found = analyse(candidate, count, packing.tokenizer, count_sentence)
         passages.append(_Passage(candidate, found, found.segments, found.tokens,
                                  title_terms(candidate.title), [False] * len(found.segments)))
     taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"), count,
@@ -650,6 +663,25 @@ def focus(
                      if stopped else ""))
         dropped[number] = passage.candidate.drop(DropReason.OVER_BUDGET, detail)
     return kept, [dropped[n] for n in sorted(dropped)]
+
+
+def sentence_counter(packing: FocusPacking) -> SentenceCount:
+    """How `segments` counts a long sentence alone: where the analysis will count it after
+    a blank too, that count (cached for the analysis) less its first word's after a blank,
+    plus its first word's alone (words often seen, cached), so that the tokenizer reads
+    the sentence once; exact where the first word ends at a cut (`count_rest`)."""
+    count, count_rest, count_known = packing.count, packing.count_rest, packing.count_known
+
+    def count_sentence(sentence: str, spaced: bool) -> int:
+        cut = sentence.find(" ")
+        if spaced and cut > 0 and not sentence[cut - 1].isspace():
+            word, rest = sentence[:cut], sentence[cut:]
+            rest_tokens = count_rest(count(f" {sentence}"), f" {word}", rest)
+            if rest_tokens is not None:
+                return count_known([word, rest], [None, rest_tokens])
+        return count(sentence)
+
+    return count_sentence
 
 
 def _exact(taking: _Taking, packing: FocusPacking, dropped: dict[int, Drop]) -> list[Focused]:
