@@ -150,3 +150,18 @@ def test_every_text_is_counted_as_tiktoken_encode_ordinary_counts_it(
     tiktoken_encoding = _ENCODINGS(encoding)
     counter = TiktokenCounter(tiktoken_encoding)  # its own cache: every text counted afresh
     assert counter.count(text) == len(tiktoken_encoding.encode_ordinary(text))
+
+
+@settings(max_examples=400, deadline=None)
+@given(TRICKY, TRICKY, st.sampled_from(["cl100k_base", "o200k_base"]))
+def test_a_count_worked_out_from_its_whole_is_the_tokenizers(
+    left: str, right: str, encoding: str
+) -> None:
+    """`count_rest` gives the right part's count from the whole's only where that is
+    exact: what the tokenizer gives the part alone."""
+    tiktoken_encoding = _ENCODINGS(encoding)
+    counter = TiktokenCounter(tiktoken_encoding)  # its own cache
+    rest = counter.count_rest(len(tiktoken_encoding.encode_ordinary(left + right)), left, right)
+    assert rest in (None, len(tiktoken_encoding.encode_ordinary(right)))
+    if left[-1:].strip() and right[:1] == " ":  # a cut: the counts add up
+        assert rest is not None

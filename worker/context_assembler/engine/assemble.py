@@ -159,7 +159,7 @@ def _focus(
         question=assembling.event.question,
         count=assembling.counter.count,
         count_known=assembling.counter.count_known,
-        remember=assembling.counter.remember,
+        count_rest=assembling.counter.count_rest,
         tokenizer=assembling.counter.name,
         header=lambda candidate: assembling.passage_costs.rendered(candidate, ""),
         cost=assembling.passage_costs.tokens,
@@ -167,7 +167,8 @@ def _focus(
         max_chunks=policy.select.max_chunks,
     )
     focused, dropped = focus(eligible, packing, CopyDetector(policy.dedup))
-    kept = [Packed(f.candidate, f.text, f.tokens, f.compressed, f.sentences) for f in focused]
+    kept = [Packed(f.candidate, f.text, f.tokens, f.compressed, f.sentences, f.text_tokens)
+            for f in focused]
     return kept, [*below, *dropped]
 
 
@@ -229,9 +230,10 @@ def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
         for item, label in zip(ordered, labels, strict=True)
     ]
     for item, label, text in zip(ordered, labels, passages, strict=True):
-        if item.compressed:  # a new text: counted from its header and its extract's count
+        if item.sentences is not None:  # focused: counted from its header and its text's
+            # count, which focusing worked out (the label is often new to the text)
             _count_new_passage(assembling.counter, text, render.header(
-                item.candidate.chunk, label, policy.render.header))
+                item.candidate.chunk, label, policy.render.header), item.text_tokens)
     user_parts = render.user_parts(assembling.event.question, passages, policy.render)
     context_tokens = _context_tokens(passages, policy.render.separator, assembling.counter)
     blocks = [
@@ -242,10 +244,13 @@ def _render(assembling: Assembling, kept: list[Packed]) -> _Rendered:
     return _Rendered(ordered, labels, passages, user_parts, context_tokens, blocks)
 
 
-def _count_new_passage(counter: TokenCounter, passage: str, header: str) -> None:
-    """Count an extract's passage as its header and the rest (an extract's count is often
-    known, see `focus`), and remember it: the context and the prompt count it whole."""
-    counter.remember(passage, counter.count_parts([header, passage[len(header):]]))
+def _count_new_passage(counter: TokenCounter, passage: str, header: str,
+                       text_tokens: int | None) -> None:
+    """Count a focused passage as its header and the rest (" " and its text, whose count
+    focusing often knows, see `focus`), and remember it: the context and the prompt count
+    it whole."""
+    counter.remember(passage, counter.count_known([header, passage[len(header):]],
+                                                  [None, text_tokens]))
 
 
 def _render_within_limits(

@@ -69,6 +69,9 @@ CACHES: Final[dict[str, Registered]] = {
         "per passage text, title and tokenizer: its sentences, word forms and token counts "
         "(focused compression)", 32 * MiB),
     "word_forms": Registered("light word forms of words up to 32 characters", max_entries=65_536),
+    "title_forms": Registered(
+        "the word forms of chunk titles up to 200 characters (focused compression)",
+        max_entries=4_096),
 }
 
 

@@ -145,6 +145,19 @@ def terms(text: str) -> frozenset[str]:
         for word in words(text) if word not in STOPWORDS)
 
 
+_title_terms_short = functools.lru_cache(caches.max_entries("title_forms"))(terms)
+caches.register_function_cache("title_forms", _title_terms_short)
+_CACHED_TITLE_CHARS: Final = 200
+
+
+def title_terms(title: str | None) -> frozenset[str]:
+    """`terms` of a chunk's title, remembered for titles of usual length (a popular
+    document's chunks share one)."""
+    if not title:
+        return frozenset()
+    return _title_terms_short(title) if len(title) <= _CACHED_TITLE_CHARS else terms(title)
+
+
 def asks_for(question: str) -> int:
     """What kind of answer `question` asks for (DATE, NUMBER, NAME bits; 0: no cue)."""
     found = words(question)
@@ -207,7 +220,12 @@ class Segment:
     marks: Marks  # its words that may be an answer (`marks_of`)
 
 
-def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
+# The count of a sentence alone, told whether it will be counted after a blank too.
+SentenceCount = Callable[[str, bool], int]
+
+
+def segments(text: str, count: Callable[[str], int],
+             count_sentence: SentenceCount | None = None) -> list[Segment]:
     """`text` cut into sentences, and a sentence that counts more than MAX_SEGMENT_TOKENS
     into pieces at spaces (at a character if it has none): every piece verbatim. A segment
     that starts a line is joined to the one before by a line break, so that the rows of a
@@ -221,7 +239,9 @@ def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
                 continue
             first = words(sentence[:40])
             leans = bool(first) and first[0] in LEANING
-            for number, piece in enumerate(_pieces(sentence, count)):
+            alone = (count_sentence(sentence, not opens_line) if count_sentence
+                     else count(sentence)) if len(sentence) > _LONGEST_CHARS else 0
+            for number, piece in enumerate(_pieces(sentence, alone)):
                 joined = "\n" if opens_line else " " if number == 0 or piece[1] else ""
                 opens_line = False
                 found.append(Segment(piece[0], joined, leans if number == 0 else True,
@@ -229,11 +249,15 @@ def segments(text: str, count: Callable[[str], int]) -> list[Segment]:
     return found
 
 
-def _pieces(sentence: str, count: Callable[[str], int]) -> list[tuple[str, bool]]:
+_LONGEST_CHARS: Final = MAX_SEGMENT_TOKENS * _CHARS_PER_TOKEN_LEAST  # a piece's at most
+
+
+def _pieces(sentence: str, tokens: int) -> list[tuple[str, bool]]:
     """(piece, whether a space came before it) for a sentence cut to about
-    MAX_SEGMENT_TOKENS each; a short sentence is one piece."""
-    longest = MAX_SEGMENT_TOKENS * _CHARS_PER_TOKEN_LEAST
-    if len(sentence) <= longest or count(sentence) <= MAX_SEGMENT_TOKENS:
+    MAX_SEGMENT_TOKENS each; a short sentence (`tokens`: its count, or 0 where it is too
+    short in characters to be long) is one piece."""
+    longest = _LONGEST_CHARS
+    if tokens <= MAX_SEGMENT_TOKENS:
         return [(sentence, True)]
     pieces: list[tuple[str, bool]] = []
     start, spaced = 0, True
@@ -252,14 +276,14 @@ def _pieces(sentence: str, count: Callable[[str], int]) -> list[tuple[str, bool]
 
 @dataclass(frozen=True, slots=True)
 class Analysis:
-    """What focusing reads of a passage whatever the question: its segments, their counts
-    (each after its joiner; the first at a line start), and the word forms of the whole
-    passage, title included."""
+    """What focusing reads of a passage's text whatever the question and the title: its
+    segments, their counts (each after its joiner; the first at a line start), and where
+    each word form is."""
 
     segments: tuple[Segment, ...]
     tokens: tuple[int, ...]
-    held: frozenset[str]
-    postings: dict[str, tuple[int, ...]]  # word form -> the segments holding it, in order
+    # word form -> the segments holding it, in order (bytes where every index fits one)
+    postings: dict[str, bytes | tuple[int, ...]]
     kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
     marked: dict[str, tuple[int, ...]]  # a word `marks_of` marks -> the segments it marks
     nbytes: int  # what holding it in the cache costs, approximately
@@ -281,24 +305,26 @@ def _analysis_bytes(analysis: Analysis) -> int:
     return analysis.nbytes
 
 
-# By (text key, title, tokenizer): a popular passage is split, stemmed and counted once.
-ANALYSES: Final[SizedCache[tuple[int, str | None, str], Analysis]] = caches.sized_cache(
+# By (text key, tokenizer): a popular passage is split, stemmed and counted once, whatever
+# title it comes under (a copy of a passage under another document's title shares it).
+ANALYSES: Final[SizedCache[tuple[int, str], Analysis]] = caches.sized_cache(
     "sentences", _analysis_bytes)
 _ENTRY_BYTES: Final = 400  # the entry, its key and tuples, besides what is counted below
 _SEGMENT_BYTES: Final = 200  # a Segment and its tuple of marks
-_WORD_BYTES: Final = 64  # a word form or a marked word, and its set or tuple slot
-_POSTING_BYTES: Final = 120  # a word form's entry in `postings`: its slot, string and tuple
-_INDEX_BYTES: Final = 8  # a segment's index in a posting tuple (small ints are shared)
+_WORD_BYTES: Final = 64  # a marked word, and its tuple slot
+_POSTING_BYTES: Final = 64  # a word form's entry in `postings`: its slot and its bytes or tuple
+_INDEX_BYTES: Final = 8  # a segment's index in a marked word's tuple (small ints are shared)
 _SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
 
 
-def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -> Analysis:
+def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
+            count_sentence: SentenceCount | None = None) -> Analysis:
     """The passage's `Analysis`, from the cache when a request has made it before."""
-    key = (candidate.text_key, candidate.title, tokenizer)
+    key = (candidate.text_key, tokenizer)
     found = ANALYSES.get(key)
     if found is not None:
         return found
-    parts = tuple(segments(candidate.text, count))
+    parts = tuple(segments(candidate.text, count, count_sentence))
     tokens = tuple(count(s.text) if n == 0 else count(s.joined + s.text)
                    for n, s in enumerate(parts))
     postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
@@ -309,9 +335,6 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
                 postings[term] = [index]
             else:
                 holding.append(index)
-    held = frozenset(postings)
-    if candidate.title:
-        held |= terms(candidate.title)
     marked: dict[str, list[int]] = {}
     kinds_of: list[int] = []
     for index, part in enumerate(parts):
@@ -324,13 +347,18 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str) -
         kinds_of.append(kinds_here)
     kinds = tuple(kinds_of)
     nbytes = (
-        _ENTRY_BYTES + sys.getsizeof(candidate.title or "") + 2 * len(candidate.text)
+        _ENTRY_BYTES + 2 * len(candidate.text)
         + sum(_SEGMENT_BYTES + _WORD_BYTES * len(s.marks) for s in parts)
-        + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in postings.values())
+        # word forms counted as if no other passage held them (they are often shared)
+        + sum(map(sys.getsizeof, postings))
+        + sum(_POSTING_BYTES + (1 if len(parts) <= 256 else _INDEX_BYTES) * len(found)
+              for found in postings.values())
         + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in marked.values())
-        + _WORD_BYTES * len(held) + _SPLITS_BYTES * len(parts)
+        + _SPLITS_BYTES * len(parts)
     )
-    found = Analysis(parts, tokens, held, {t: tuple(i) for t, i in postings.items()}, kinds,
+    compact: Callable[[list[int]], bytes | tuple[int, ...]] = (
+        bytes if len(parts) <= 256 else tuple)
+    found = Analysis(parts, tokens, {t: compact(i) for t, i in postings.items()}, kinds,
                      {w: tuple(i) for w, i in marked.items()}, nbytes)
     ANALYSES.put(key, found)
     return found
@@ -342,7 +370,7 @@ class _Passage:
     analysis: Analysis
     segments: tuple[Segment, ...]
     tokens: tuple[int, ...]  # each segment's count after a space (the first: at a line start)
-    held: frozenset[str]  # the word forms of the whole passage, title included
+    titled: frozenset[str]  # the word forms of its title
     chosen: list[bool]
     header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
     header_text: str = ""  # the passage as rendered before its text, once counted
@@ -360,6 +388,7 @@ class Focused:
     tokens: int
     compressed: bool
     sentences: tuple[int, int]
+    text_tokens: int | None = None  # the count of " " + text, where known: the render's
 
 
 def extract(passage: _Passage, elision: int) -> tuple[list[str], list[int | None]]:
@@ -429,7 +458,9 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     the segments taken, not with every segment of every passage."""
     question_terms = terms(question)
     question_words = frozenset(words(question))
-    shared_by = [sorted(question_terms & passage.held) for passage in passages]
+    shared_by = [
+        sorted(question_terms & passage.analysis.postings.keys() | question_terms & passage.titled)
+        for passage in passages]
     idf = weights_of_terms(shared_by, question_terms)
     mass = sum(idf.values()) or 1.0
     share = {term: weight / mass for term, weight in idf.items()}  # what a match adds
@@ -570,7 +601,8 @@ class FocusPacking:
     count: Callable[[str], int]
     # the exact count of the parts joined, given the counts of some (None: not known)
     count_known: Callable[[Sequence[str], Sequence[int | None]], int]
-    remember: Callable[[str, int], None]  # hold a count worked out from parts (`count`'s cache)
+    # the count of the right part, given the count of both (`TokenCounter.count_rest`)
+    count_rest: Callable[[int, str, str], int | None]
     tokenizer: str  # the name of what `count` counts with: analyses are kept per tokenizer
     header: Callable[[Candidate], str]  # the passage as rendered before its text
     cost: Callable[[Candidate, str], int]
@@ -586,10 +618,11 @@ def focus(
     the candidates none of whose sentences was taken, with why."""
     count = packing.count
     passages: list[_Passage] = []
+    count_sentence = sentence_counter(packing)
     for candidate in candidates:
-        found = analyse(candidate, count, packing.tokenizer)
-        passages.append(_Passage(candidate, found, found.segments, found.tokens, found.held,
-                                 [False] * len(found.segments)))
+        found = analyse(candidate, count, packing.tokenizer, count_sentence)
+        passages.append(_Passage(candidate, found, found.segments, found.tokens,
+                                 title_terms(candidate.title), [False] * len(found.segments)))
     taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"), count,
                      packing.header)
     dropped: dict[int, Drop] = {}
@@ -632,6 +665,25 @@ def focus(
     return kept, [dropped[n] for n in sorted(dropped)]
 
 
+def sentence_counter(packing: FocusPacking) -> SentenceCount:
+    """How `segments` counts a long sentence alone: where the analysis will count it after
+    a blank too, that count (cached for the analysis) less its first word's after a blank,
+    plus its first word's alone (words often seen, cached), so that the tokenizer reads
+    the sentence once; exact where the first word ends at a cut (`count_rest`)."""
+    count, count_rest, count_known = packing.count, packing.count_rest, packing.count_known
+
+    def count_sentence(sentence: str, spaced: bool) -> int:
+        cut = sentence.find(" ")
+        if spaced and cut > 0 and not sentence[cut - 1].isspace():
+            word, rest = sentence[:cut], sentence[cut:]
+            rest_tokens = count_rest(count(f" {sentence}"), f" {word}", rest)
+            if rest_tokens is not None:
+                return count_known([word, rest], [None, rest_tokens])
+        return count(sentence)
+
+    return count_sentence
+
+
 def _exact(taking: _Taking, packing: FocusPacking, dropped: dict[int, Drop]) -> list[Focused]:
     """The taken passages as rendered, recounted exactly; while the estimate fell short of
     the exact count, the last steps are given back (the budget is never exceeded)."""
@@ -655,19 +707,23 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     pieces, counts = extract(passage, elision)
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
-        return Focused(candidate, candidate.text, packing.cost(candidate, candidate.text), False,
-                       sentences)
+        tokens = packing.cost(candidate, candidate.text)
+        known = None
+        if passage.header_text.endswith(" ") and neutralise(text) == text:  # the text after
+            # its blank, as the render counts the passage under its final label (header,
+            # then this: a cut); where the render defuses the text, what it shows differs
+            known = packing.count_rest(tokens, passage.header_text[:-1], f" {candidate.text}")
+        return Focused(candidate, candidate.text, tokens, False, sentences, known)
     if neutralise(text) != text:
         return Focused(candidate, text, packing.cost(candidate, text), True, sentences)
     header = passage.header_text  # rendered when it was admitted (`_Taking.cost`)
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
-        # The extract after its blank, counted once from its pieces and remembered: the
-        # render counts the passage under its final label from it.
-        spaced = f" {text}"
+        # The extract after its blank, counted once from its pieces: the render counts the
+        # passage under its final label from it.
         tokens = packing.count_known([f" {pieces[0]}", *pieces[1:]],
                                      [elision if pieces[0] == ELISION else None, *counts[1:]])
-        packing.remember(spaced, tokens)
-        return Focused(candidate, text, packing.count_known([header[:-1], spaced],
-                                                            [None, tokens]), True, sentences)
+        return Focused(candidate, text, packing.count_known([header[:-1], f" {text}"],
+                                                            [None, tokens]), True, sentences,
+                       tokens)
     return Focused(candidate, text, packing.count_known([header, *pieces], [None, *counts]),
                    True, sentences)

@@ -51,6 +51,7 @@ class Packed:
     tokens: int  # cost as packed (the final label may make it a token smaller)
     compressed: bool
     sentences: tuple[int, int] | None = None  # (kept, of) where focused compression ran
+    text_tokens: int | None = None  # the count of " " + text, where focusing knows it
 
 
 def relevance(candidates: list[Candidate]) -> dict[int, float]:

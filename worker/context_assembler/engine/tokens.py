@@ -66,6 +66,11 @@ class TokenCounter(Protocol):
         that counting `text` later is a cache hit."""
         ...
 
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        """The count of `right`, where `left + right` counts `tokens` and that says it
+        exactly (no token spans the seam); None where it does not."""
+        ...
+
 
 class CharsPerFour:
     """Seed 000's estimate: ceil(characters / 4)."""
@@ -84,6 +89,9 @@ class CharsPerFour:
     def remember(self, text: str, tokens: int) -> None:
         """Nothing to hold: counting is arithmetic."""
 
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        return self.count(right)
+
 
 class WordsTimesOnePointThree:
     """Seed 003's estimate: whitespace words x 1.3, rounded up (integer arithmetic)."""
@@ -101,6 +109,9 @@ class WordsTimesOnePointThree:
 
     def remember(self, text: str, tokens: int) -> None:
         """Nothing to hold: counting is arithmetic."""
+
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        return self.count(right)
 
 
 class TiktokenCounter:
@@ -157,6 +168,11 @@ class TiktokenCounter:
 
     def remember(self, text: str, tokens: int) -> None:
         self.cache.put(text_key(text), tokens)
+
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        if _is_cut(left, right):  # count(left + right) == count(left) + count(right)
+            return tokens - self.count(left)
+        return None
 
 
 _NONE: Final[frozenset[str]] = frozenset()  # no special tokens: their text counts as text
@@ -233,6 +249,10 @@ class HuggingFaceCounter:
 
     def remember(self, text: str, tokens: int) -> None:
         self.cache.put(text_key(text), tokens)
+
+    def count_rest(self, tokens: int, left: str, right: str) -> int | None:
+        """None: no cut rule says the counts of parts add up (`count_parts`)."""
+        return None
 
 
 _lock = threading.Lock()
