@@ -66,7 +66,7 @@ CACHES: Final[dict[str, Registered]] = {
     "question_words": Registered("the content words of the last question", max_entries=1),
     # A 130-token passage's entry is about 3 KB: about 10,000 of them.
     "sentences": Registered(
-        "per passage text, title and tokenizer: its sentences, word forms and token counts "
+        "per passage text and tokenizer: its sentences, word forms and token counts "
         "(focused compression)", 32 * MiB),
     "word_forms": Registered("light word forms of words up to 32 characters", max_entries=65_536),
     "title_forms": Registered(
