@@ -15,10 +15,11 @@ from context_assembler.kafka.runtime.delivery import (
     ENGINE_BATCH_BYTES,
     CommitRounds,
     Delivery,
+    Entry,
     batches,
     next_batch,
 )
-from context_assembler.kafka.runtime.runner import ENGINE_BATCH
+from context_assembler.kafka.runtime.runner import ENGINE_BATCH, EventRunner
 from tests.kafka.conftest import make_runner
 from tests.kafka.test_records import GOOD
 
@@ -26,8 +27,11 @@ Verdict = Callable[[OutRecord], BaseException | None]
 
 
 class MemoryRuntime:
-    """A Kafka client stack in memory. Sends are acknowledged by the broker at once with
-    `verdict`'s error (None: taken), or, while `hold`, when the test says (`answer`)."""
+    """A Kafka client stack in memory, at least once. Sends are acknowledged by the broker at
+    once with `verdict`'s error (None: taken), or, while `hold`, when the test says (`answer`)."""
+
+    transactional = False
+    runner: EventRunner  # set by the rig
 
     def __init__(self, verdict: Verdict = lambda record: None, hold: bool = False) -> None:
         self.verdict = verdict
@@ -67,8 +71,12 @@ class MemoryRuntime:
         self.taken.append((origin, record))
         return None
 
-    def acknowledge(self, events: Sequence[str]) -> None:
-        self.acknowledged += events
+    async def deliver(self, entries: Sequence[Entry[Any]]) -> None:
+        await self.runner.deliver_all([entry.event for entry in entries], self.send,
+                                      self.send_alone)
+
+    def acknowledge(self, entries: Sequence[Entry[Any]]) -> None:
+        self.acknowledged += [entry.token for entry in entries]
 
     async def commit(self) -> None:
         self.commits.append(list(self.acknowledged))
@@ -92,8 +100,8 @@ class MemoryRuntime:
 class Rig:
     def __init__(self, runtime: MemoryRuntime, max_in_flight: int = 100, **settings: object):
         self.runtime = runtime
-        self.runner = make_runner(**settings)
-        self.delivery: Delivery[str] = Delivery(self.runner, runtime, max_in_flight, 0.0)
+        self.runner = runtime.runner = make_runner(**settings)
+        self.delivery: Delivery[Any] = Delivery(self.runner, runtime, max_in_flight, 0.0)
 
     async def deliver(self, *events: tuple[int, int]) -> asyncio.Task[None]:
         """Read the events at (partition, offset) as one batch, assemble and deliver them."""

@@ -136,6 +136,19 @@ class Rig:
         self.consumer.assigned |= set(tps)
         await self.worker.assignment.on_partitions_assigned(list(tps))
 
+    async def deliver(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+                      ) -> asyncio.Task[None] | None:
+        """Read `batch` as the worker reads a fetch (only partitions held), assemble it and
+        start its delivery, which ends once its round of transactions did."""
+        return await self.worker.delivery.handle(self.worker._claim(batch))
+
+    async def batch(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+                    ) -> None:
+        """`deliver` the batch and wait for its round."""
+        task = await self.deliver(batch)
+        if task is not None:
+            await task
+
     def producer(self, tp: TopicPartition) -> FakeProducer:
         return next(p for p in reversed(self.producers) if p.id.endswith(f"-{tp.partition}"))
 
@@ -183,15 +196,15 @@ async def test_an_assigned_partition_is_read_only_after_its_producer_fenced_the_
 
 async def test_records_of_a_partition_not_held_yet_are_left_for_after_its_fence(rig: Rig) -> None:
     await rig.assign(TP0)
-    claims = rig.worker._claim({TP0: records(TP0, 7, 2), TP1: records(TP1, 0, 2)})
-    assert [c.partition.tp for c in claims] == [TP0]
+    claimed = rig.worker._claim({TP0: records(TP0, 7, 2), TP1: records(TP1, 0, 2)})
+    assert [(read.partition.tp, read.message.offset) for read in claimed] == [(TP0, 7), (TP0, 8)]
 
 
 async def test_a_batch_commits_each_partitions_records_and_offset_in_its_own_transaction(
     rig: Rig,
 ) -> None:
     await rig.assign(TP0, TP1)
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 3), TP1: records(TP1, 3, 2)}))
+    await rig.batch({TP0: records(TP0, 7, 3), TP1: records(TP1, 3, 2)})
     assert rig.producer(TP0).committed == [{TP0: 10}]
     assert rig.producer(TP1).committed == [{TP1: 5}]
     assert (rig.producer(TP0).sent, rig.producer(TP1).sent) == (6, 4)  # a prompt and an audit
@@ -201,16 +214,18 @@ async def test_a_batch_commits_each_partitions_records_and_offset_in_its_own_tra
 async def test_batches_assembled_while_a_round_commits_share_the_next_round(rig: Rig) -> None:
     await rig.assign(TP0, TP1)
     rig.gate.clear()  # the first round's transactions stay open
-    first = asyncio.create_task(rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 2)})))
+    first = await rig.deliver({TP0: records(TP0, 7, 2)})
     while not rig.producer(TP0).sent:
         await asyncio.sleep(0.01)
-    later = [asyncio.create_task(rig.worker._batch(rig.worker._claim(batch))) for batch in (
+    later = [await rig.deliver(batch) for batch in (
         {TP0: records(TP0, 9, 1), TP1: records(TP1, 3, 2)}, {TP0: records(TP0, 10, 2)})]
-    while len(rig.worker._assembled) < 3:
+    while len(rig.worker._acknowledged) < 5:
         await asyncio.sleep(0.01)
-    assert rig.producer(TP0).committed == [] and not any(t.done() for t in (first, *later))
+    tasks = [task for task in (first, *later) if task is not None]
+    assert rig.producer(TP0).committed == [] and len(tasks) == 3
+    assert not any(task.done() for task in tasks)
     rig.gate.set()
-    await asyncio.gather(first, *later)
+    await asyncio.gather(*tasks)
     # One transaction per partition and round, its offset after the round's last event.
     assert rig.producer(TP0).committed == [{TP0: 9}, {TP0: 12}]
     assert rig.producer(TP1).committed == [{TP1: 5}]
@@ -226,8 +241,10 @@ async def test_a_fenced_partition_is_dropped_and_the_worker_goes_on(
     second = rig.worker._claim({TP0: records(TP0, 10, 1)})  # read before the fence is known
     rig.fenced.add(fenced.id)  # another worker started assemblers-in-0 since
     with caplog.at_level(logging.ERROR):
-        await rig.worker._batch(first)
-        await rig.worker._batch(second)
+        for claimed in (first, second):
+            task = await rig.worker.delivery.handle(claimed)
+            assert task is not None
+            await task
     assert fenced.committed == [] and fenced.stopped
     assert rig.producer(TP1).committed == [{TP1: 5}]
     assert rig.worker.assignment.partitions == {TP1}
@@ -248,7 +265,9 @@ async def test_records_read_before_a_rewind_are_not_committed(rig: Rig) -> None:
     await rig.assign(TP0)
     stale = rig.worker._claim({TP0: records(TP0, 7, 2)})
     rig.worker.held[TP0].rewinds += 1  # a failed transaction rewound the partition
-    await rig.worker._batch(stale)
+    task = await rig.worker.delivery.handle(stale)
+    assert task is not None
+    await task
     assert rig.producer(TP0).committed == []
     assert rig.in_flight() == 0
 
@@ -263,7 +282,7 @@ async def test_a_revocation_waits_for_the_batch_in_flight_then_closes_the_produc
         await release.wait()
 
     batch = asyncio.create_task(in_flight())
-    rig.worker._batches[batch] = 1
+    rig.worker.delivery._deliveries[batch] = {("in", 0)}
     revoking = asyncio.create_task(rig.worker.assignment.on_partitions_revoked([TP0]))
     await asyncio.sleep(0.05)
     assert not revoking.done(), "gave the partition away while its transaction was open"
@@ -283,7 +302,7 @@ async def test_a_revocation_gives_up_waiting_after_its_bound(
         await asyncio.Event().wait()
 
     stuck = asyncio.create_task(never_ends())
-    rig.worker._batches[stuck] = 1
+    rig.worker.delivery._deliveries[stuck] = {("in", 0)}
     loop = asyncio.get_running_loop()
     began = loop.time()
     rig.worker.settings = rig.worker.settings.model_copy(update={"session_timeout_seconds": 0.05})
@@ -307,7 +326,7 @@ async def test_a_fenced_partition_left_assigned_with_no_rebalance_is_taken_back_
     await rig.assign(TP0, TP1)
     fenced = rig.producer(TP0)
     rig.fenced.add(fenced.id)
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 1)}))
+    await rig.batch({TP0: records(TP0, 7, 1)})
     await rig.worker._retake_fenced()
     assert rig.worker.assignment.partitions == {TP1}, "taken back before the session timeout"
     rig.fenced.clear()  # its transaction had timed out, say: no other owner since
@@ -320,7 +339,7 @@ async def test_a_fenced_partition_left_assigned_with_no_rebalance_is_taken_back_
 async def test_a_fenced_partition_assigned_elsewhere_since_is_forgotten(rig: Rig) -> None:
     await rig.assign(TP0)
     rig.fenced.add(rig.producer(TP0).id)
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 1)}))
+    await rig.batch({TP0: records(TP0, 7, 1)})
     rig.consumer.assigned.clear()
     await rig.worker._retake_fenced()
     assert not rig.worker._fenced and len(rig.producers) == 1
@@ -339,12 +358,14 @@ async def test_a_producer_whose_sender_died_is_replaced_and_its_partition_read_a
     stale = rig.worker._claim({TP0: records(TP0, 7, 2)})
     rig.consumer._committed[TP0] = 8  # the other owner committed offset 7's event meanwhile
     rig.journal.clear()
-    await rig.worker._batch(stale)
+    task = await rig.worker.delivery.handle(stale)
+    assert task is not None
+    await task
     renewed = rig.producer(TP0)
     assert rig.journal == [("stopped", dead.id), ("started", renewed.id), ("committed", "0")]
     assert renewed.committed == [] and renewed.sent == 0 and rig.in_flight() == 0
     assert rig.consumer.positions[TP0] == 8
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 8, 1)}))
+    await rig.batch({TP0: records(TP0, 8, 1)})
     assert renewed.committed == [{TP0: 9}]
 
 
@@ -357,7 +378,7 @@ async def test_a_producer_fenced_while_idle_drops_its_partition_without_fencing_
     await rig.assign(TP0, TP1)
     fenced = rig.producer(TP0)
     fenced.die(ProducerFenced())
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 2)}))
+    await rig.batch({TP0: records(TP0, 7, 2)})
     assert rig.producer(TP0) is fenced and fenced.stopped and fenced.sent == 0
     assert rig.worker.assignment.partitions == {TP1} and rig.consumer.paused == {TP0}
     assert rig.in_flight() == 0

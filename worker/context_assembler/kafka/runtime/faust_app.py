@@ -30,7 +30,6 @@ one fails there first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import signal
@@ -50,14 +49,13 @@ from mode.services import WaitResults
 from context_assembler.collector import collect_less
 from context_assembler.kafka.batches import read_ahead, record_bytes
 from context_assembler.kafka.clients import kafka_security
-from context_assembler.kafka.records import Origin, OutRecord, value_of
-from context_assembler.kafka.runtime.delivery import Delivery, next_batch
+from context_assembler.kafka.records import Origin, OutRecord
+from context_assembler.kafka.runtime.delivery import Delivery, Entry
 from context_assembler.kafka.runtime.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
 from context_assembler.kafka.runtime.runner import (
     ENGINE_BATCH,
     PRODUCER_LINGER_MS,
     EventRunner,
-    Stopped,
 )
 from context_assembler.settings import Settings
 
@@ -132,7 +130,7 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
     app.runner = runner
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
-    runtime = _FaustRuntime(app, settings)
+    runtime = _FaustRuntime(app, settings, runner)
     delivery = app.delivery = Delivery(runner, runtime, MAX_IN_FLIGHT,
                                         settings.commit_interval_seconds)
 
@@ -152,19 +150,9 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
 
         reading = asyncio.create_task(read())
         try:
-            while (events := await next_batch(arrived, _size)) is not None:
-                read_now = [(Origin.from_record(e.message), e) for e in events]
-                entries = delivery.read(read_now)
-                inputs = [(value_of(e.message), origin) for origin, e in read_now]
-                outcomes = []
-                with contextlib.suppress(Stopped):  # stopped waiting for the schema registry
-                    outcomes = await runner.process_all(inputs)
-                if runner.stopping.is_set():
-                    # Unacked, so never committed, and unpublished, so redone once only:
-                    # wait here until faust cancels the agent.
-                    await asyncio.get_running_loop().create_future()
-                delivery.deliver(entries, [(raw, origin, outcome) for (raw, origin), outcome
-                                           in zip(inputs, outcomes, strict=True)])
+            await delivery.assemble(arrived)
+            if runner.stopping.is_set():
+                await asyncio.get_running_loop().create_future()  # until faust cancels it
             await reading  # it ended: raise its error, if any
         finally:
             reading.cancel()
@@ -174,16 +162,15 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
     return app
 
 
-def _size(event: EventT[bytes]) -> int:
-    return len(event.message.value or b"")
-
-
 class _FaustRuntime:
     """The faust side of `Delivery`: faust's producer sends, acks mark events committable,
     faust's consumer commits what was acked (only offsets below every unacked one)."""
 
-    def __init__(self, app: faust.App, settings: Settings) -> None:
+    transactional = False
+
+    def __init__(self, app: faust.App, settings: Settings, runner: EventRunner) -> None:
         self._app = app
+        self._runner = runner
         self._lone = _LoneProducer(settings)
         self._committing = asyncio.Lock()
 
@@ -196,9 +183,13 @@ class _FaustRuntime:
     async def send_alone(self, origin: Origin, record: OutRecord) -> None:
         await self._lone.send(origin, record)
 
-    def acknowledge(self, events: Sequence[EventT[bytes]]) -> None:
-        for event in events:
-            event.ack()
+    async def deliver(self, entries: Sequence[Entry[EventT[bytes]]]) -> None:
+        await self._runner.deliver_all([entry.event for entry in entries], self.send,
+                                       self.send_alone)
+
+    def acknowledge(self, entries: Sequence[Entry[EventT[bytes]]]) -> None:
+        for entry in entries:
+            entry.token.ack()
 
     async def commit(self) -> None:
         """Commit what was acked. Shielded: a commit cancelled midway loses its offsets from
