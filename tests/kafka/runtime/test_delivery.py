@@ -19,7 +19,8 @@ from context_assembler.kafka.runtime.delivery import (
     batches,
     next_batch,
 )
-from context_assembler.kafka.runtime.runner import ENGINE_BATCH, EventRunner
+from context_assembler.kafka.runtime.engine_thread import ENGINE_BATCH
+from context_assembler.kafka.runtime.runner import EventRunner
 from tests.kafka.conftest import make_runner
 from tests.kafka.test_records import GOOD
 

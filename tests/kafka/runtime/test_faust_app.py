@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.runtime import faust_app
+from context_assembler.kafka.runtime.engine_thread import ENGINE_BATCH
 from context_assembler.kafka.runtime.faust_app import (
     FaustWorker,
     _App,
@@ -33,7 +34,7 @@ from context_assembler.kafka.runtime.faust_app import (
     build_app,
     seconds,
 )
-from context_assembler.kafka.runtime.runner import ENGINE_BATCH, EventRunner
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
 from tests.kafka.conftest import make_runner

@@ -28,13 +28,9 @@ from context_assembler.kafka.records import (
     handle,
     record_size,
 )
-from context_assembler.kafka.runtime import runner as runner_module
-from context_assembler.kafka.runtime.runner import (
-    EventRunner,
-    Stopped,
-    persistent,
-    too_large,
-)
+from context_assembler.kafka.runtime.record_sizes import PRODUCER_BATCH_BYTES
+from context_assembler.kafka.runtime.retries import Stopped, persistent, too_large
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
 from tests.kafka.conftest import make_runner
@@ -262,5 +258,5 @@ async def test_a_record_refused_in_a_batch_is_sent_alone_before_anything_is_lear
 
     await runner.deliver(GOOD, origin(), outcome, batched, send_alone)
     assert sorted(r.topic for r in alone) == ["audit", "prompts"]  # as they were: no dead letter
-    assert runner.batch_bytes == runner_module.PRODUCER_BATCH_BYTES  # nothing learned
+    assert runner.batch_bytes == PRODUCER_BATCH_BYTES  # nothing learned
     runner.close()

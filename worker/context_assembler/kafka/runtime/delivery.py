@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from context_assembler.kafka.records import Origin, Outcome, value_of
-from context_assembler.kafka.runtime.runner import ENGINE_BATCH, EventRunner, Stopped
+from context_assembler.kafka.runtime.engine_thread import ENGINE_BATCH
+from context_assembler.kafka.runtime.retries import Stopped
+from context_assembler.kafka.runtime.runner import EventRunner
 
 log = logging.getLogger(__name__)
 # Input bytes handed to the engine in one trip, at most: 64 events of 1 MiB would hold the

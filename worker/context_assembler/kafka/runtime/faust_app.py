@@ -51,12 +51,10 @@ from context_assembler.kafka.batches import read_ahead, record_bytes
 from context_assembler.kafka.clients import kafka_security
 from context_assembler.kafka.records import Origin, OutRecord
 from context_assembler.kafka.runtime.delivery import Delivery, Entry
+from context_assembler.kafka.runtime.engine_thread import ENGINE_BATCH
 from context_assembler.kafka.runtime.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
-from context_assembler.kafka.runtime.runner import (
-    ENGINE_BATCH,
-    PRODUCER_LINGER_MS,
-    EventRunner,
-)
+from context_assembler.kafka.runtime.runner import EventRunner
+from context_assembler.kafka.runtime.sending import PRODUCER_LINGER_MS
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -70,13 +70,9 @@ from context_assembler.kafka.clients import acl_hint, kafka_security
 from context_assembler.kafka.records import Origin, OutRecord
 from context_assembler.kafka.runtime.delivery import Delivery, Entry
 from context_assembler.kafka.runtime.membership import HEARTBEAT_INTERVAL_SECONDS, leave_on_stop
-from context_assembler.kafka.runtime.runner import (
-    PRODUCER_LINGER_MS,
-    Attempts,
-    EventRunner,
-    Stopped,
-    too_large,
-)
+from context_assembler.kafka.runtime.retries import Attempts, Stopped, too_large
+from context_assembler.kafka.runtime.runner import EventRunner
+from context_assembler.kafka.runtime.sending import PRODUCER_LINGER_MS
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -476,7 +472,8 @@ class TransactionalWorker:
         candidates = others or failures
         record, cause = next((f for f in candidates if acl_hint(f[1])), candidates[0])
         if partition.attempts is None:
-            partition.attempts = Attempts(self.runner, f"transaction of {partition.tp}")
+            partition.attempts = Attempts(self.runner.retries,
+                                          f"transaction of {partition.tp}")
         await partition.attempts.failed(
             cause, f"transaction of {partition.tp} (produce to {record.topic})" if record else None)
         return bool(refused or broken)
