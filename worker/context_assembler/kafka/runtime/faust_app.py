@@ -2,14 +2,14 @@
 
 An input offset may be committed only after the prompt and the audit (or the dead letter)
 are acknowledged by the broker. faust commits what was acked; it acks an event when its
-agent moves on or raises (faust-streaming #315), and with concurrency > 1 it can commit
-past an event still in flight (#606). So the agent reads a manual-ack stream (`noack`),
-never raises for one event (bad input is an outcome, a failed send is retried until it is
-acknowledged), and leaves acks and commits to the delivery core: in input order per
-partition, in commit rounds at least the commit interval apart (ASSEMBLER_COMMIT_INTERVAL_MS,
-30 ms unless set), so a kill -9 redoes only what was delivered during that interval and a
-commit round trip (faust's 1 s timer redid up to a second of events, each a duplicate LLM
-call downstream).
+agent moves on or raises, and with concurrency > 1 it can commit past an event still in
+flight (bench/README.md, "Lore moved from the code"). So the agent reads a manual-ack
+stream (`noack`), never raises for one event (bad input is an outcome, a failed send is
+retried until it is acknowledged), and leaves acks and commits to the delivery core: in
+input order per partition, in commit rounds at least the commit interval apart
+(ASSEMBLER_COMMIT_INTERVAL_MS, 30 ms unless set), so a kill -9 redoes only what was
+delivered during that interval and a commit round trip, not faust's timer's second of
+events, each a duplicate LLM call downstream.
 
 The events that arrived while the last batch was assembled go to the engine in one call
 (`delivery.next_batch`) and are delivered as one task, their records handed to faust's
@@ -68,14 +68,14 @@ MAX_IN_FLIGHT = 200
 # How long the consumer thread waits before it asks again while the read-ahead is full.
 READ_AHEAD_WAIT_SECONDS = 0.005
 # Events faust reads ahead of the agent, at most: a message handed over to a full stream
-# waits for room (`_Consumer.on_buffer_full`). faust's default, 4,096, fetched a 3,000-event
-# backlog of 53 KB events whole, 160 MB, before the first was assembled. Eight engine batches.
+# waits for room (`_Consumer.on_buffer_full`). faust's default, 4,096, fetched a whole
+# backlog into memory before the first event was assembled. Eight engine batches.
 STREAM_BUFFER_EVENTS = 8 * ENGINE_BATCH
 # aiokafka's default: a send to a missing topic fails (and is logged) after this long,
 # where faust's default (20 minutes) would hang silently.
 REQUEST_TIMEOUT_SECONDS = 40.0
-# faust's timer commit; only a backstop now, commits follow deliveries (`Delivery`) at the
-# commit interval (a commit per ack cost about 15 % of the throughput on 2 cores).
+# faust's timer commit; only a backstop now, commits follow deliveries (`Delivery`) in
+# rounds at the commit interval, since a commit per ack cost throughput.
 COMMIT_INTERVAL_SECONDS = 1.0
 # False: only the timer commits, as before (bench.interval_commits measures against it).
 COMMIT_ON_DELIVERY = True
@@ -105,8 +105,8 @@ def _app_config(settings: Settings, runner: EventRunner, datadir: str) -> dict[s
         consumer_group_instance_id=settings.group_instance_id,  # static membership if set
         topic_disable_leader=True,  # no extra "<app>-__assignor-__leader" topic
         # No tables, so no standbys. faust's default (1) also keeps its sticky assignor from
-        # taking partitions off a worker holding ceil(partitions / workers): a 4th worker
-        # joining 3 on 6 partitions got none, for good. With 0 it balances to the floor.
+        # taking partitions off a worker holding ceil(partitions / workers), so a worker
+        # joining could get none, for good. With 0 it balances to the floor.
         table_standby_replicas=0,
         TableManager=_Tableless,
         topic_allow_declare=False,  # topics are created by operations, not by the worker
@@ -211,7 +211,7 @@ class _FaustRuntime:
 class _LoneProducer:
     """Sends a record refused as too large once more, in a batch of its own: faust's
     producer batches records, and the broker refuses a batch over a topic's limit as if
-    its every record were too large (`EventRunner.retry_forever`). Started on first use."""
+    its every record were too large (`Retries.forever`). Started on first use."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -274,18 +274,18 @@ class _Consumer(faust_aiokafka.Consumer):
         """Fetching goes on: the one stream's bound holds the read-ahead, since a message
         handed over to a full stream waits for room (and that wait ends on a rebalance, as
         `wait_first` races it). Stopped by pressure, the fetcher napped a second at a time
-        while the agent drained its 512 events in a third of it: on backlogs of 17 and 53 KB
-        events the worker read 590-720 events a second, and 1,150-1,380 with fetching going
-        on (and hand-overs run in place)."""
+        while the agent drained its stream in a fraction of it: reading went at about half
+        the speed."""
 
     # faust-streaming 0.15.3's fetcher hands each message to the conductor as
     # `self.wait_first(callback(message), self.suspend_flow.wait())`, its one call here.
     async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
         """A message's hand-over to the agent's stream, raced as faust races it but only
-        when it has to wait. faust starts four tasks and an asyncio.wait for every message,
-        about 23 us of CPU, so that a hand-over stuck on a full stream ends when a rebalance
-        suspends the flow. Nearly every hand-over finds room and ends without waiting: it
-        runs here, and only one that waits goes on in a task raced against the suspension."""
+        when it has to wait. faust starts four tasks and an asyncio.wait for every message
+        (CPU the engine would rather have), so that a hand-over stuck on a full stream ends
+        when a rebalance suspends the flow. Nearly every hand-over finds room and ends
+        without waiting: it runs here, and only one that waits goes on in a task raced
+        against the suspension."""
         if not self._is_hand_over(coros, timeout):
             return await super().wait_first(*coros, timeout=timeout)
         handing, suspended = coros
@@ -375,9 +375,8 @@ class _Resumed(Generic[T]):
 
 class _Tableless(TableManager):
     """faust's table manager without its start-up nap: it sleeps a second before anything
-    else, presumably for tables to register, and a worker was ready 1.9-2.4 s after launch
-    instead of 0.9 s, which a restarted replica's partitions waited out. This app declares
-    no tables."""
+    else, presumably for tables to register, and a restarted replica's partitions waited it
+    out. This app declares no tables."""
 
     logger = SERVICE_LOG
 

@@ -1,11 +1,11 @@
 """Exactly-once delivery on aiokafka's transactional producers, one per input partition.
 
 faust's own exactly_once does not hold for this app: killed mid-stream and restarted, it
-published records that read_committed readers saw twice (205 duplicates for 2,000 inputs
-in our run; faust-streaming #517, #177). `tests/integration/test_faust_exactly_once.py`
-keeps that evidence. Here each input partition's share of a batch is one Kafka transaction:
-its prompts, audits and dead letters and its consumed offset commit together or not at all,
-and readers with isolation_level=read_committed see every request answered once.
+published records that read_committed readers saw twice (bench/README.md, "Lore moved from
+the code"; `tests/integration/test_faust_exactly_once.py` keeps the evidence). Here each
+input partition's share of a batch is one Kafka transaction: its prompts, audits and dead
+letters and its consumed offset commit together or not at all, and readers with
+isolation_level=read_committed see every request answered once.
 
 Zombies are fenced the way Kafka Streams did before KIP-447 (its "exactly-once alpha"):
 aiokafka 0.14 commits a transaction's offsets without the group's generation (TxnOffsetCommit
@@ -41,7 +41,7 @@ offset. Records go out in producer batches (up to 1 MiB, 5 ms linger), and the b
 a batch over a topic's limit as if its every record were too large; so a refusal first
 replays the partition's events with one record per producer batch. A record refused alone
 teaches the runner that topic's limit, so the replay turns that event into a dead letter
-instead (`EventRunner.learn`), and later batches stay within every limit learned. aiokafka
+instead (`RecordSizes.learn`), and later batches stay within every limit learned. aiokafka
 counts the refused records in its idempotence sequence all the same, and the broker then
 refuses every later send to that partition as out of order: a new producer (a new epoch)
 starts afresh.
