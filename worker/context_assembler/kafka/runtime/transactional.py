@@ -3,7 +3,7 @@
 faust's own exactly_once does not hold for this app: killed mid-stream and restarted, it
 published records that read_committed readers saw twice (bench/README.md, "Lore moved from
 the code"; `tests/integration/test_faust_exactly_once.py` keeps the evidence). Here each
-input partition's share of a batch is one Kafka transaction: its prompts, audits and dead
+input partition's share of a commit round is one Kafka transaction: its prompts, audits and dead
 letters and its consumed offset commit together or not at all, and readers with
 isolation_level=read_committed see every request answered once.
 
