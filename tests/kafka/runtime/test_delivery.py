@@ -392,3 +392,43 @@ async def test_a_revoked_partition_is_given_up_after_its_bound_with_nothing_unde
     await until(lambda: rig.runtime.committed == ["1/0"])
     assert rig.runtime.acknowledged == ["1/0"]  # partition 0's are its next owner's
     rig.runner.close()
+
+
+class MemoryTransactions:
+    """A transactional Kafka client stack in memory: nothing is sent before the commit, and
+    a commit takes what was acknowledged since the last, ending when the test says so."""
+
+    transactional = True
+
+    def __init__(self) -> None:
+        self.acknowledged: list[str] = []
+        self.commits: list[list[str]] = []
+        self.gate = asyncio.Event()
+
+    async def deliver(self, entries: Sequence[Entry[Any]]) -> None:
+        pass
+
+    def acknowledge(self, entries: Sequence[Entry[Any]]) -> None:
+        self.acknowledged += [entry.token for entry in entries]
+
+    async def commit(self) -> None:
+        taken, self.acknowledged = self.acknowledged, []
+        if taken:
+            await self.gate.wait()
+            self.commits.append(taken)
+
+
+async def test_a_transactional_delivery_is_committable_once_assembled_and_ends_with_its_round(
+) -> None:
+    runtime = MemoryTransactions()
+    rig = Rig(runtime, max_in_flight=2)  # type: ignore[arg-type]
+    for _ in range(2):
+        await rig.delivery.room()
+    delivering = await rig.deliver((0, 0), (1, 0))
+    await until(lambda: runtime.acknowledged == [] and not runtime.commits)
+    await asyncio.sleep(0.01)
+    assert not delivering.done() and rig.delivery.in_flight == 2  # until its round commits
+    runtime.gate.set()
+    await asyncio.wait_for(delivering, 1)
+    assert runtime.commits == [["0/0", "1/0"]] and rig.delivery.in_flight == 0
+    rig.runner.close()

@@ -16,6 +16,7 @@ from aiokafka.structs import ConsumerRecord
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
+from context_assembler.kafka.records import Origin
 from context_assembler.kafka.runtime import transactional
 from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.runtime.transactional import TransactionalWorker
@@ -389,3 +390,34 @@ async def test_what_a_dead_sender_is_read_from_is_on_aiokafkas_producer() -> Non
     here first, rather than on every transaction."""
     producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")  # not started
     assert transactional._sender_error(producer) is None
+
+
+async def test_a_revocation_waits_only_for_the_transactions_of_the_partitions_revoked(
+    rig: Rig,
+) -> None:
+    await rig.assign(TP0, TP1)
+    rig.gate.clear()  # TP1's transaction stays open
+    open_elsewhere = await rig.deliver({TP1: records(TP1, 3, 2)})
+    while not rig.producer(TP1).sent:
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(rig.worker.assignment.on_partitions_revoked([TP0]), timeout=1)
+    assert rig.producer(TP0).stopped and not rig.producer(TP1).stopped
+    rig.gate.set()
+    assert open_elsewhere is not None
+    await open_elsewhere
+    assert rig.producer(TP1).committed == [{TP1: 5}]
+
+
+async def test_events_of_a_partition_revoked_while_they_were_assembled_are_not_committed(
+    rig: Rig,
+) -> None:
+    await rig.assign(TP0)
+    read = rig.worker._claim({TP0: records(TP0, 7, 2)})
+    origins = [Origin.from_record(r.message) for r in read]
+    entries = rig.worker.delivery.read(list(zip(origins, read, strict=True)))
+    outcomes = await rig.runner.process_all([(GOOD, origin) for origin in origins])
+    await rig.worker.assignment.on_partitions_revoked([TP0])  # while they were assembled
+    await rig.worker.delivery.deliver(entries, [
+        (GOOD, origin, outcome) for origin, outcome in zip(origins, outcomes, strict=True)])
+    assert rig.producers[0].committed == [] and rig.producers[0].sent == 0
+    assert rig.in_flight() == 0, "settled as dropped: their next owner redoes them"
