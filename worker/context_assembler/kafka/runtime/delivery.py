@@ -311,6 +311,8 @@ class Delivery(Generic[Token]):
         self._ledger.settle(entries)
         committable = self._ledger.take_settled()
         if not self._runtime.transactional:
+            for entry in entries:
+                entry.assembled = None  # delivered: not held while earlier events are not
             self._acknowledge(committable)  # committed by a later round
             return
         # The records go out in the round's transactions: in flight until it ended.
