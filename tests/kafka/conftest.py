@@ -8,7 +8,7 @@ import pytest
 
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
-from context_assembler.kafka.runtime import runner as runner_module
+from context_assembler.kafka.runtime import shutdown
 from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
@@ -18,7 +18,7 @@ from context_assembler.settings import Settings
 def exits(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     """Calls of the hard exit, which must never end the test process."""
     calls: list[float] = []
-    monkeypatch.setattr(runner_module, "_exit_now", calls.append)
+    monkeypatch.setattr(shutdown, "_exit_now", calls.append)
     yield calls
 
 

@@ -25,7 +25,8 @@ from context_assembler.intake.framing import RegisteredSchema, UnknownSchema, fr
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka import schema_registry as registry_module
 from context_assembler.kafka.records import ERR, handle, header
-from context_assembler.kafka.runtime.runner import EventRunner, Stopped
+from context_assembler.kafka.runtime.retries import Stopped
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.schema_registry import (
     NotRegistered,
     RegistryUnavailable,

@@ -14,7 +14,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import Origin, OutRecord
-from context_assembler.kafka.runtime.runner import EventRunner, Stopped
+from context_assembler.kafka.runtime.retries import Stopped
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.observability.metrics import Metrics
 from context_assembler.observability.tracing import Tracing
 from context_assembler.settings import Settings

@@ -11,7 +11,14 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 from context_assembler.kafka.records import Origin, OutRecord
-from context_assembler.kafka.runtime.delivery import CommitRounds, Delivery, batches, next_batch
+from context_assembler.kafka.runtime.delivery import (
+    CommitRounds,
+    Delivery,
+    Entry,
+    batches,
+    next_batch,
+)
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tuning import ENGINE_BATCH, ENGINE_BATCH_BYTES
 from tests.kafka.conftest import make_runner
 from tests.kafka.test_records import GOOD
@@ -20,8 +27,11 @@ Verdict = Callable[[OutRecord], BaseException | None]
 
 
 class MemoryRuntime:
-    """A Kafka client stack in memory. Sends are acknowledged by the broker at once with
-    `verdict`'s error (None: taken), or, while `hold`, when the test says (`answer`)."""
+    """A Kafka client stack in memory, at least once. Sends are acknowledged by the broker at
+    once with `verdict`'s error (None: taken), or, while `hold`, when the test says (`answer`)."""
+
+    transactional = False
+    runner: EventRunner  # set by the rig
 
     def __init__(self, verdict: Verdict = lambda record: None, hold: bool = False) -> None:
         self.verdict = verdict
@@ -61,8 +71,12 @@ class MemoryRuntime:
         self.taken.append((origin, record))
         return None
 
-    def acknowledge(self, events: Sequence[str]) -> None:
-        self.acknowledged += events
+    async def deliver(self, entries: Sequence[Entry[Any]]) -> None:
+        await self.runner.deliver_all([entry.event for entry in entries], self.send,
+                                      self.send_alone)
+
+    def acknowledge(self, entries: Sequence[Entry[Any]]) -> None:
+        self.acknowledged += [entry.token for entry in entries]
 
     async def commit(self) -> None:
         self.commits.append(list(self.acknowledged))
@@ -86,8 +100,8 @@ class MemoryRuntime:
 class Rig:
     def __init__(self, runtime: MemoryRuntime, max_in_flight: int = 100, **settings: object):
         self.runtime = runtime
-        self.runner = make_runner(**settings)
-        self.delivery: Delivery[str] = Delivery(self.runner, runtime, max_in_flight, 0.0)
+        self.runner = runtime.runner = make_runner(**settings)
+        self.delivery: Delivery[Any] = Delivery(self.runner, runtime, max_in_flight, 0.0)
 
     async def deliver(self, *events: tuple[int, int]) -> asyncio.Task[None]:
         """Read the events at (partition, offset) as one batch, assemble and deliver them."""
@@ -376,4 +390,44 @@ async def test_a_revoked_partition_is_given_up_after_its_bound_with_nothing_unde
     await asyncio.gather(stuck, later)
     await until(lambda: rig.runtime.committed == ["1/0"])
     assert rig.runtime.acknowledged == ["1/0"]  # partition 0's are its next owner's
+    rig.runner.close()
+
+
+class MemoryTransactions:
+    """A transactional Kafka client stack in memory: nothing is sent before the commit, and
+    a commit takes what was acknowledged since the last, ending when the test says so."""
+
+    transactional = True
+
+    def __init__(self) -> None:
+        self.acknowledged: list[str] = []
+        self.commits: list[list[str]] = []
+        self.gate = asyncio.Event()
+
+    async def deliver(self, entries: Sequence[Entry[Any]]) -> None:
+        pass
+
+    def acknowledge(self, entries: Sequence[Entry[Any]]) -> None:
+        self.acknowledged += [entry.token for entry in entries]
+
+    async def commit(self) -> None:
+        taken, self.acknowledged = self.acknowledged, []
+        if taken:
+            await self.gate.wait()
+            self.commits.append(taken)
+
+
+async def test_a_transactional_delivery_is_committable_once_assembled_and_ends_with_its_round(
+) -> None:
+    runtime = MemoryTransactions()
+    rig = Rig(runtime, max_in_flight=2)  # type: ignore[arg-type]
+    for _ in range(2):
+        await rig.delivery.room()
+    delivering = await rig.deliver((0, 0), (1, 0))
+    await until(lambda: runtime.acknowledged == [] and not runtime.commits)
+    await asyncio.sleep(0.01)
+    assert not delivering.done() and rig.delivery.in_flight == 2  # until its round commits
+    runtime.gate.set()
+    await asyncio.wait_for(delivering, 1)
+    assert runtime.commits == [["0/0", "1/0"]] and rig.delivery.in_flight == 0
     rig.runner.close()

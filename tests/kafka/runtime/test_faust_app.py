@@ -37,6 +37,7 @@ from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tuning import ENGINE_BATCH
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings
+from tests.kafka.conftest import make_runner
 from tests.kafka.test_records import STAMPS
 
 
@@ -84,7 +85,7 @@ async def until(condition: Callable[[], bool]) -> None:
 
 def runtime_over(consumer: GatedConsumer) -> _FaustRuntime:
     app: Any = SimpleNamespace(consumer=consumer)
-    return _FaustRuntime(app, Settings(bootstrap_servers="127.0.0.1:1"))
+    return _FaustRuntime(app, Settings(bootstrap_servers="127.0.0.1:1"), make_runner())
 
 
 async def test_a_commit_in_progress_survives_the_delivery_being_cancelled() -> None:

@@ -29,7 +29,8 @@ from context_assembler.kafka.records import (
     handle,
     record_size,
 )
-from context_assembler.kafka.runtime.runner import EventRunner, Stopped, persistent
+from context_assembler.kafka.runtime.retries import Stopped, persistent
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tuning import PRODUCER_BATCH_BYTES
 from context_assembler.observability.metrics import Metrics
 from context_assembler.settings import Settings

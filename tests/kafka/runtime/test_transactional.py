@@ -17,6 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka import clients
+from context_assembler.kafka.records import Origin
 from context_assembler.kafka.runtime import transactional
 from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.runtime.transactional import TransactionalWorker
@@ -137,6 +138,19 @@ class Rig:
         self.consumer.assigned |= set(tps)
         await self.worker.assignment.on_partitions_assigned(list(tps))
 
+    async def deliver(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+                      ) -> asyncio.Task[None] | None:
+        """Read `batch` as the worker reads a fetch (only partitions held), assemble it and
+        start its delivery, which ends once its round of transactions did."""
+        return await self.worker.delivery.handle(self.worker._claim(batch))
+
+    async def batch(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+                    ) -> None:
+        """`deliver` the batch and wait for its round."""
+        task = await self.deliver(batch)
+        if task is not None:
+            await task
+
     def producer(self, tp: TopicPartition) -> FakeProducer:
         return next(p for p in reversed(self.producers) if p.id.endswith(f"-{tp.partition}"))
 
@@ -184,15 +198,15 @@ async def test_an_assigned_partition_is_read_only_after_its_producer_fenced_the_
 
 async def test_records_of_a_partition_not_held_yet_are_left_for_after_its_fence(rig: Rig) -> None:
     await rig.assign(TP0)
-    claims = rig.worker._claim({TP0: records(TP0, 7, 2), TP1: records(TP1, 0, 2)})
-    assert [c.partition.tp for c in claims] == [TP0]
+    claimed = rig.worker._claim({TP0: records(TP0, 7, 2), TP1: records(TP1, 0, 2)})
+    assert [(read.partition.tp, read.message.offset) for read in claimed] == [(TP0, 7), (TP0, 8)]
 
 
 async def test_a_batch_commits_each_partitions_records_and_offset_in_its_own_transaction(
     rig: Rig,
 ) -> None:
     await rig.assign(TP0, TP1)
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 3), TP1: records(TP1, 3, 2)}))
+    await rig.batch({TP0: records(TP0, 7, 3), TP1: records(TP1, 3, 2)})
     assert rig.producer(TP0).committed == [{TP0: 10}]
     assert rig.producer(TP1).committed == [{TP1: 5}]
     assert (rig.producer(TP0).sent, rig.producer(TP1).sent) == (6, 4)  # a prompt and an audit
@@ -202,16 +216,18 @@ async def test_a_batch_commits_each_partitions_records_and_offset_in_its_own_tra
 async def test_batches_assembled_while_a_round_commits_share_the_next_round(rig: Rig) -> None:
     await rig.assign(TP0, TP1)
     rig.gate.clear()  # the first round's transactions stay open
-    first = asyncio.create_task(rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 2)})))
+    first = await rig.deliver({TP0: records(TP0, 7, 2)})
     while not rig.producer(TP0).sent:
         await asyncio.sleep(0.01)
-    later = [asyncio.create_task(rig.worker._batch(rig.worker._claim(batch))) for batch in (
+    later = [await rig.deliver(batch) for batch in (
         {TP0: records(TP0, 9, 1), TP1: records(TP1, 3, 2)}, {TP0: records(TP0, 10, 2)})]
-    while len(rig.worker._assembled) < 3:
+    while len(rig.worker._acknowledged) < 5:
         await asyncio.sleep(0.01)
-    assert rig.producer(TP0).committed == [] and not any(t.done() for t in (first, *later))
+    tasks = [task for task in (first, *later) if task is not None]
+    assert rig.producer(TP0).committed == [] and len(tasks) == 3
+    assert not any(task.done() for task in tasks)
     rig.gate.set()
-    await asyncio.gather(first, *later)
+    await asyncio.gather(*tasks)
     # One transaction per partition and round, its offset after the round's last event.
     assert rig.producer(TP0).committed == [{TP0: 9}, {TP0: 12}]
     assert rig.producer(TP1).committed == [{TP1: 5}]
@@ -227,8 +243,10 @@ async def test_a_fenced_partition_is_dropped_and_the_worker_goes_on(
     second = rig.worker._claim({TP0: records(TP0, 10, 1)})  # read before the fence is known
     rig.fenced.add(fenced.id)  # another worker started assemblers-in-0 since
     with caplog.at_level(logging.ERROR):
-        await rig.worker._batch(first)
-        await rig.worker._batch(second)
+        for claimed in (first, second):
+            task = await rig.worker.delivery.handle(claimed)
+            assert task is not None
+            await task
     assert fenced.committed == [] and fenced.stopped
     assert rig.producer(TP1).committed == [{TP1: 5}]
     assert rig.worker.assignment.partitions == {TP1}
@@ -249,7 +267,9 @@ async def test_records_read_before_a_rewind_are_not_committed(rig: Rig) -> None:
     await rig.assign(TP0)
     stale = rig.worker._claim({TP0: records(TP0, 7, 2)})
     rig.worker.held[TP0].rewinds += 1  # a failed transaction rewound the partition
-    await rig.worker._batch(stale)
+    task = await rig.worker.delivery.handle(stale)
+    assert task is not None
+    await task
     assert rig.producer(TP0).committed == []
     assert rig.in_flight() == 0
 
@@ -264,7 +284,7 @@ async def test_a_revocation_waits_for_the_batch_in_flight_then_closes_the_produc
         await release.wait()
 
     batch = asyncio.create_task(in_flight())
-    rig.worker._batches[batch] = 1
+    rig.worker.delivery._deliveries[batch] = {("in", 0)}
     revoking = asyncio.create_task(rig.worker.assignment.on_partitions_revoked([TP0]))
     await asyncio.sleep(0.05)
     assert not revoking.done(), "gave the partition away while its transaction was open"
@@ -284,7 +304,7 @@ async def test_a_revocation_gives_up_waiting_after_its_bound(
         await asyncio.Event().wait()
 
     stuck = asyncio.create_task(never_ends())
-    rig.worker._batches[stuck] = 1
+    rig.worker.delivery._deliveries[stuck] = {("in", 0)}
     loop = asyncio.get_running_loop()
     began = loop.time()
     rig.worker.settings = rig.worker.settings.model_copy(update={"session_timeout_seconds": 0.05})
@@ -308,7 +328,7 @@ async def test_a_fenced_partition_left_assigned_with_no_rebalance_is_taken_back_
     await rig.assign(TP0, TP1)
     fenced = rig.producer(TP0)
     rig.fenced.add(fenced.id)
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 1)}))
+    await rig.batch({TP0: records(TP0, 7, 1)})
     await rig.worker._retake_fenced()
     assert rig.worker.assignment.partitions == {TP1}, "taken back before the session timeout"
     rig.fenced.clear()  # its transaction had timed out, say: no other owner since
@@ -321,7 +341,7 @@ async def test_a_fenced_partition_left_assigned_with_no_rebalance_is_taken_back_
 async def test_a_fenced_partition_assigned_elsewhere_since_is_forgotten(rig: Rig) -> None:
     await rig.assign(TP0)
     rig.fenced.add(rig.producer(TP0).id)
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 1)}))
+    await rig.batch({TP0: records(TP0, 7, 1)})
     rig.consumer.assigned.clear()
     await rig.worker._retake_fenced()
     assert not rig.worker._fenced and len(rig.producers) == 1
@@ -340,12 +360,14 @@ async def test_a_producer_whose_sender_died_is_replaced_and_its_partition_read_a
     stale = rig.worker._claim({TP0: records(TP0, 7, 2)})
     rig.consumer._committed[TP0] = 8  # the other owner committed offset 7's event meanwhile
     rig.journal.clear()
-    await rig.worker._batch(stale)
+    task = await rig.worker.delivery.handle(stale)
+    assert task is not None
+    await task
     renewed = rig.producer(TP0)
     assert rig.journal == [("stopped", dead.id), ("started", renewed.id), ("committed", "0")]
     assert renewed.committed == [] and renewed.sent == 0 and rig.in_flight() == 0
     assert rig.consumer.positions[TP0] == 8
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 8, 1)}))
+    await rig.batch({TP0: records(TP0, 8, 1)})
     assert renewed.committed == [{TP0: 9}]
 
 
@@ -358,7 +380,7 @@ async def test_a_producer_fenced_while_idle_drops_its_partition_without_fencing_
     await rig.assign(TP0, TP1)
     fenced = rig.producer(TP0)
     fenced.die(ProducerFenced())
-    await rig.worker._batch(rig.worker._claim({TP0: records(TP0, 7, 2)}))
+    await rig.batch({TP0: records(TP0, 7, 2)})
     assert rig.producer(TP0) is fenced and fenced.stopped and fenced.sent == 0
     assert rig.worker.assignment.partitions == {TP1} and rig.consumer.paused == {TP0}
     assert rig.in_flight() == 0
@@ -369,3 +391,34 @@ async def test_what_a_dead_sender_is_read_from_is_on_aiokafkas_producer() -> Non
     here first, rather than on every transaction."""
     producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")  # not started
     assert transactional._sender_error(producer) is None
+
+
+async def test_a_revocation_waits_only_for_the_transactions_of_the_partitions_revoked(
+    rig: Rig,
+) -> None:
+    await rig.assign(TP0, TP1)
+    rig.gate.clear()  # TP1's transaction stays open
+    open_elsewhere = await rig.deliver({TP1: records(TP1, 3, 2)})
+    while not rig.producer(TP1).sent:
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(rig.worker.assignment.on_partitions_revoked([TP0]), timeout=1)
+    assert rig.producer(TP0).stopped and not rig.producer(TP1).stopped
+    rig.gate.set()
+    assert open_elsewhere is not None
+    await open_elsewhere
+    assert rig.producer(TP1).committed == [{TP1: 5}]
+
+
+async def test_events_of_a_partition_revoked_while_they_were_assembled_are_not_committed(
+    rig: Rig,
+) -> None:
+    await rig.assign(TP0)
+    read = rig.worker._claim({TP0: records(TP0, 7, 2)})
+    origins = [Origin.from_record(r.message) for r in read]
+    entries = rig.worker.delivery.read(list(zip(origins, read, strict=True)))
+    outcomes = await rig.runner.process_all([(GOOD, origin) for origin in origins])
+    await rig.worker.assignment.on_partitions_revoked([TP0])  # while they were assembled
+    await rig.worker.delivery.deliver(entries, [
+        (GOOD, origin, outcome) for origin, outcome in zip(origins, outcomes, strict=True)])
+    assert rig.producers[0].committed == [] and rig.producers[0].sent == 0
+    assert rig.in_flight() == 0, "settled as dropped: their next owner redoes them"

@@ -5,9 +5,8 @@ sends records and commits offsets; the rules of when are here, written and teste
 
 - `InOrder`: the events read and not yet committed, per input partition, in read order. An
   offset may be committed only once its event and every event read before it on its
-  partition are settled (delivered): a later event delivered first waits for the earlier.
-  A revoked partition hands over what was settled and forgets the rest, which its next
-  owner redoes.
+  partition are settled: a later event settled first waits for the earlier. A revoked
+  partition hands over what was settled and forgets the rest, which its next owner redoes.
 - `batches` and `next_batch`: events go to the engine in batches of at most ENGINE_BATCH
   events and ENGINE_BATCH_BYTES of input.
 - `CommitRounds`: commits run one at a time; a round takes everything that became
@@ -15,40 +14,63 @@ sends records and commits offsets; the rules of when are here, written and teste
   starts no sooner than the commit interval after the previous one started.
 - `hand_over`: a revoked partition is given up once its deliveries under way ended, or after
   a bound (the session timeout), so that its next owner reads from what they committed.
-- `Delivery`: at-least-once delivery over a `Runtime` (send, acknowledge, commit): each batch
-  delivered as one task of the runner (retried, dead-lettered, cancelled on stop within the
-  grace period), acknowledged in order, committed in rounds, handed over on revocation.
+- `Delivery`: one loop over a `Runtime`, as an HTTP client over its transport: batches read,
+  assembled in order and delivered as tasks of the runner (retried, dead-lettered, cancelled
+  on stop within the grace period), acknowledged in order, committed in rounds, handed over
+  on revocation. The guarantee changes two steps of it, both the commit's: at_least_once
+  sends an event's records first and commits its offset once the broker took them;
+  exactly_once sends them in the commit itself, one transaction with the offset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from context_assembler.kafka.records import Origin, Outcome, OutRecord
-from context_assembler.kafka.runtime.runner import EventRunner, Stopped
+from context_assembler.kafka.records import Origin, Outcome, value_of
+from context_assembler.kafka.runtime.retries import Stopped
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tuning import ENGINE_BATCH, ENGINE_BATCH_BYTES
 
 log = logging.getLogger(__name__)
 Partition = tuple[str, int]  # an input topic and partition
 T = TypeVar("T")
-Event = TypeVar("Event", contravariant=True)  # a runtime's handle on an event read
 R = TypeVar("R")
+Assembled = tuple[bytes, Origin, Outcome]  # an event, and what the engine made of it
+
+
+class Read(Protocol):
+    """A runtime's handle on an event read: its Kafka record is `message`."""
+
+    @property
+    def message(self) -> Any: ...
+
+
+Token = TypeVar("Token", bound=Read)
 
 
 @dataclass(eq=False)
 class Entry(Generic[T]):
-    """One event read: where it came from, the runtime's handle on it, whether delivered."""
+    """One event read: where it came from, the runtime's handle on it, what the engine made
+    of it, whether settled (ready to commit), whether forgotten (handed over undelivered)."""
 
     partition: Partition
     offset: int
     token: T
+    assembled: Assembled | None = None
     settled: bool = False
+    forgotten: bool = False
+
+    @property
+    def event(self) -> Assembled:
+        assert self.assembled is not None, "read, not assembled yet"
+        return self.assembled
 
 
 class InOrder(Generic[T]):
@@ -85,6 +107,8 @@ class InOrder(Generic[T]):
             entries = self._partitions.pop(partition, deque())
             while entries and entries[0].settled:
                 taken.append(entries.popleft())
+            for entry in entries:
+                entry.forgotten = True
             if entries:
                 log.info("%s/%d handed over with %d events undelivered here, from offset %d: "
                          "its next owner redoes them", *partition, len(entries), entries[0].offset)
@@ -131,14 +155,9 @@ class CommitRounds(Generic[R]):
     so requests in between share one round; one that took longer is followed at once, so
     under load nothing waits for the interval."""
 
-    def __init__(
-        self, commit: Callable[[], Awaitable[R]], interval: float = 0.0,
-        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = asyncio.create_task,
-    ) -> None:
-        """`spawn`: runs the rounds as a task (the runner's, for stopping to cancel it)."""
+    def __init__(self, commit: Callable[[], Awaitable[R]], interval: float = 0.0) -> None:
         self._commit = commit
         self._interval = interval
-        self._spawn = spawn
         self._next: asyncio.Future[R] | None = None  # the next round's outcome
         self._rounds: asyncio.Task[None] | None = None
         self._last_start = -math.inf  # the event loop's clock
@@ -149,7 +168,7 @@ class CommitRounds(Generic[R]):
         if self._next is None:
             self._next = asyncio.get_running_loop().create_future()
         if self._rounds is None or self._rounds.done():
-            self._rounds = self._spawn(self._run())
+            self._rounds = asyncio.create_task(self._run())
         return self._next
 
     async def _run(self) -> None:
@@ -207,32 +226,34 @@ async def hand_over(under_way: Callable[[], set[asyncio.Task[Any]]], within: flo
         await asyncio.wait(pending, timeout=remaining)
 
 
-class Runtime(Protocol[Event]):
-    """What at-least-once delivery needs of a Kafka client stack."""
+class Runtime(Protocol[Token]):
+    """A Kafka client stack's side of delivery, as a transport is an HTTP client's: how an
+    event's records reach the broker and how its offset is committed."""
 
-    async def send(self, origin: Origin, record: OutRecord) -> Awaitable[object]:
-        """Hand a record of the event at `origin` to the producer; the awaitable is done once
-        the broker acknowledged it (or failed with the reason it did not)."""
+    transactional: bool
+    """True: the records go out in the commit, one transaction with the offsets (exactly_once).
+    False: they go out first, and the commit follows the broker's acknowledgement."""
 
-    async def send_alone(self, origin: Origin, record: OutRecord) -> object:
-        """Send a record in a producer batch of its own (`EventRunner.retry_forever`)."""
+    async def deliver(self, entries: Sequence[Entry[Token]]) -> None:
+        """Before the entries may be committed: send their records until the broker took
+        them, or leave them to the commit."""
 
-    def acknowledge(self, events: Sequence[Event]) -> None:
-        """The events, in read order per partition, may be committed."""
+    def acknowledge(self, entries: Sequence[Entry[Token]]) -> None:
+        """The entries, in read order per partition, may be committed."""
 
     async def commit(self) -> object:
         """Commit what was acknowledged."""
 
 
-class Delivery(Generic[T]):
-    """At-least-once delivery: batches delivered concurrently, acknowledged and committed
+class Delivery(Generic[Token]):
+    """Batches assembled in read order and delivered concurrently, acknowledged and committed
     strictly in input order per partition, at most `max_in_flight` events unacknowledged."""
 
-    def __init__(self, runner: EventRunner, runtime: Runtime[T], max_in_flight: int,
+    def __init__(self, runner: EventRunner, runtime: Runtime[Token], max_in_flight: int,
                  commit_interval: float) -> None:
         self.runner = runner
         self._runtime = runtime
-        self._ledger: InOrder[T] = InOrder()
+        self._ledger: InOrder[Token] = InOrder()
         self._room = asyncio.Semaphore(max_in_flight)
         self.in_flight = 0  # events read past `room` and not yet acknowledged or forgotten
         self._rounds: CommitRounds[object] = CommitRounds(runtime.commit, commit_interval)
@@ -243,44 +264,83 @@ class Delivery(Generic[T]):
         await self._room.acquire()
         self.in_flight += 1
 
-    def read(self, events: Sequence[tuple[Origin, T]]) -> list[Entry[T]]:
+    async def assemble(self, arrived: asyncio.Queue[Token | None]) -> None:
+        """The loop: the events that `arrived` (each after its `room`) go to the engine in
+        batches (`next_batch`), in order, and each batch is delivered as a task. Returns
+        once reading ended (None arrived) or the worker is stopping."""
+        while (tokens := await next_batch(arrived, _size)) is not None:
+            if await self.handle(tokens) is None:
+                return
+
+    async def handle(self, tokens: Sequence[Token]) -> asyncio.Task[None] | None:
+        """Track, assemble and deliver the events read; None once the worker is stopping:
+        they stay unacknowledged, so never committed, and are redone once by their next
+        owner."""
+        read_now = [(Origin.from_record(token.message), token) for token in tokens]
+        entries = self.read(read_now)
+        inputs = [(value_of(token.message), origin) for origin, token in read_now]
+        outcomes: list[Outcome] = []
+        with contextlib.suppress(Stopped):  # stopped waiting for the schema registry
+            outcomes = await self.runner.process_all(inputs)
+        if self.runner.stopping.is_set():
+            return None
+        return self.deliver(entries, [(raw, origin, outcome) for (raw, origin), outcome
+                                      in zip(inputs, outcomes, strict=True)])
+
+    def read(self, events: Sequence[tuple[Origin, Token]]) -> list[Entry[Token]]:
         """Track the events read, in order, each after its `room`; they are in flight until
         acknowledged or handed over."""
         return [self._ledger.read(origin, token) for origin, token in events]
 
-    def deliver(self, entries: list[Entry[T]],
-                events: Sequence[tuple[bytes, Origin, Outcome]]) -> asyncio.Task[None]:
+    def deliver(self, entries: list[Entry[Token]],
+                events: Sequence[Assembled]) -> asyncio.Task[None]:
         """Deliver the events' outcomes as one task of the runner (cancelled on stop once half
-        the grace period is over); once all are acknowledged by the broker, the events that
-        became committable are acknowledged to the runtime and a commit is requested."""
-        task = self.runner.spawn(self.runner.deliver_all(
-            events, self._runtime.send, self._runtime.send_alone))
+        the grace period is over), then acknowledge the events that became committable."""
+        for entry, event in zip(entries, events, strict=True):
+            entry.assembled = event
+        task = self.runner.spawn(self._deliver(entries))
         self._deliveries[task] = {entry.partition for entry in entries}
-        task.add_done_callback(lambda done: self._delivered(done, entries))
+        task.add_done_callback(self._delivered)
         return task
 
-    def _delivered(self, task: asyncio.Task[None], entries: list[Entry[T]]) -> None:
+    async def _deliver(self, entries: list[Entry[Token]]) -> None:
+        await self._runtime.deliver(entries)
+        self._ledger.settle(entries)
+        committable = self._ledger.take_settled()
+        if not self._runtime.transactional:
+            for entry in entries:
+                entry.assembled = None  # delivered: not held while earlier events are not
+            self._acknowledge(committable)  # committed by a later round
+            return
+        # The records go out in the round's transactions: in flight until it ended.
+        self._runtime.acknowledge(committable)
+        try:  # shielded: one delivery cancelled does not stop a round
+            await asyncio.shield(self._rounds.request())
+        finally:
+            self._leave(len(committable))
+
+    def _delivered(self, task: asyncio.Task[None]) -> None:
         del self._deliveries[task]
         if task.cancelled():
             return  # stopping: never acknowledged, redone by the partitions' next owner
         error = task.exception()
-        if error is not None:
-            if not isinstance(error, Stopped):
-                log.error("delivery failed; no later event of its partitions is acknowledged: "
-                          "%r", error, exc_info=error)
-            return
-        self._ledger.settle(entries)
-        self._acknowledge(self._ledger.take_settled())
+        if error is not None and not isinstance(error, Stopped):
+            log.error("delivery failed; no later event of its partitions is acknowledged: "
+                      "%r", error, exc_info=error)
 
-    def _acknowledge(self, entries: list[Entry[T]]) -> None:
+    def _acknowledge(self, entries: list[Entry[Token]]) -> None:
         if not entries:
             return
-        self._runtime.acknowledge([entry.token for entry in entries])
-        for _ in entries:
-            self._room.release()
-            self.in_flight -= 1
+        self._runtime.acknowledge(entries)
+        self._leave(len(entries))
         if not self.runner.stopping.is_set():  # then the last commit is `stop`'s
             self._rounds.request()
+
+    def _leave(self, events: int) -> None:
+        """That many events are no longer in flight here."""
+        for _ in range(events):
+            self._room.release()
+            self.in_flight -= 1
 
     async def revoke(self, partitions: Iterable[Partition], within: float) -> None:
         """Hand the partitions over: wait for their deliveries under way (`hand_over`), then
@@ -291,11 +351,10 @@ class Delivery(Generic[T]):
         await hand_over(lambda: {task for task in under_way if not task.done()}, within)
         before = self._ledger.in_flight
         delivered = self._ledger.revoke(revoked)
-        for _ in range(before - self._ledger.in_flight - len(delivered)):
-            self._room.release()  # undelivered, forgotten: no longer in flight here
-            self.in_flight -= 1
+        self._leave(before - self._ledger.in_flight - len(delivered))  # forgotten
         self._acknowledge(delivered)
-        await self._runtime.commit()
+        if not self._runtime.transactional:  # else their rounds committed, `hand_over` waited
+            await self._runtime.commit()
 
     async def stop(self) -> None:
         """Stop the runner's retries, and once the deliveries ended (delivered, or cancelled
@@ -308,3 +367,7 @@ class Delivery(Generic[T]):
 
     async def close(self) -> None:
         await self._rounds.close()
+
+
+def _size(token: Read) -> int:
+    return len(token.message.value or b"")

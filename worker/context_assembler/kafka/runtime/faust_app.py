@@ -2,14 +2,14 @@
 
 An input offset may be committed only after the prompt and the audit (or the dead letter)
 are acknowledged by the broker. faust commits what was acked; it acks an event when its
-agent moves on or raises (faust-streaming #315), and with concurrency > 1 it can commit
-past an event still in flight (#606). So the agent reads a manual-ack stream (`noack`),
-never raises for one event (bad input is an outcome, a failed send is retried until it is
-acknowledged), and leaves acks and commits to the delivery core: in input order per
-partition, in commit rounds at least the commit interval apart (ASSEMBLER_COMMIT_INTERVAL_MS,
-30 ms unless set), so a kill -9 redoes only what was delivered during that interval and a
-commit round trip (faust's 1 s timer redid up to a second of events, each a duplicate LLM
-call downstream).
+agent moves on or raises, and with concurrency > 1 it can commit past an event still in
+flight (bench/README.md, "Lore moved from the code"). So the agent reads a manual-ack
+stream (`noack`), never raises for one event (bad input is an outcome, a failed send is
+retried until it is acknowledged), and leaves acks and commits to the delivery core: in
+input order per partition, in commit rounds at least the commit interval apart
+(ASSEMBLER_COMMIT_INTERVAL_MS, 30 ms unless set), so a kill -9 redoes only what was
+delivered during that interval and a commit round trip, not faust's timer's second of
+events, each a duplicate LLM call downstream.
 
 The events that arrived while the last batch was assembled go to the engine in one call
 (`delivery.next_batch`) and are delivered as one task, their records handed to faust's
@@ -30,7 +30,6 @@ one fails there first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import signal
@@ -50,10 +49,10 @@ from mode.services import WaitResults
 from context_assembler.collector import collect_less
 from context_assembler.kafka.batches import read_ahead, record_bytes
 from context_assembler.kafka.clients import KafkaClients, faust_client_config
-from context_assembler.kafka.records import Origin, OutRecord, value_of
-from context_assembler.kafka.runtime.delivery import Delivery, next_batch
+from context_assembler.kafka.records import Origin, OutRecord
+from context_assembler.kafka.runtime.delivery import Delivery, Entry
 from context_assembler.kafka.runtime.membership import leave_on_stop
-from context_assembler.kafka.runtime.runner import EventRunner, Stopped
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tuning import (
     MAX_IN_FLIGHT,
     PRODUCER_REQUEST_TIMEOUT_SECONDS,
@@ -85,8 +84,8 @@ def _app_config(settings: Settings, runner: EventRunner, datadir: str) -> dict[s
         broker_commit_interval=max(TIMER_COMMIT_SECONDS, settings.commit_interval_seconds),
         topic_disable_leader=True,  # no extra "<app>-__assignor-__leader" topic
         # No tables, so no standbys. faust's default (1) also keeps its sticky assignor from
-        # taking partitions off a worker holding ceil(partitions / workers): a 4th worker
-        # joining 3 on 6 partitions got none, for good. With 0 it balances to the floor.
+        # taking partitions off a worker holding ceil(partitions / workers), so a worker
+        # joining could get none, for good. With 0 it balances to the floor.
         table_standby_replicas=0,
         TableManager=_Tableless,
         topic_allow_declare=False,  # topics are created by operations, not by the worker
@@ -108,7 +107,7 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
     app.runner = runner
     source = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
-    runtime = _FaustRuntime(app, settings)
+    runtime = _FaustRuntime(app, settings, runner)
     delivery = app.delivery = Delivery(runner, runtime, MAX_IN_FLIGHT,
                                         settings.commit_interval_seconds)
 
@@ -128,19 +127,9 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
 
         reading = asyncio.create_task(read())
         try:
-            while (events := await next_batch(arrived, _size)) is not None:
-                read_now = [(Origin.from_record(e.message), e) for e in events]
-                entries = delivery.read(read_now)
-                inputs = [(value_of(e.message), origin) for origin, e in read_now]
-                outcomes = []
-                with contextlib.suppress(Stopped):  # stopped waiting for the schema registry
-                    outcomes = await runner.process_all(inputs)
-                if runner.stopping.is_set():
-                    # Unacked, so never committed, and unpublished, so redone once only:
-                    # wait here until faust cancels the agent.
-                    await asyncio.get_running_loop().create_future()
-                delivery.deliver(entries, [(raw, origin, outcome) for (raw, origin), outcome
-                                           in zip(inputs, outcomes, strict=True)])
+            await delivery.assemble(arrived)
+            if runner.stopping.is_set():
+                await asyncio.get_running_loop().create_future()  # until faust cancels it
             await reading  # it ended: raise its error, if any
         finally:
             reading.cancel()
@@ -150,16 +139,15 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
     return app
 
 
-def _size(event: EventT[bytes]) -> int:
-    return len(event.message.value or b"")
-
-
 class _FaustRuntime:
     """The faust side of `Delivery`: faust's producer sends, acks mark events committable,
     faust's consumer commits what was acked (only offsets below every unacked one)."""
 
-    def __init__(self, app: faust.App, settings: Settings) -> None:
+    transactional = False
+
+    def __init__(self, app: faust.App, settings: Settings, runner: EventRunner) -> None:
         self._app = app
+        self._runner = runner
         self._lone = _LoneProducer(settings)
         self._committing = asyncio.Lock()
 
@@ -172,9 +160,13 @@ class _FaustRuntime:
     async def send_alone(self, origin: Origin, record: OutRecord) -> None:
         await self._lone.send(origin, record)
 
-    def acknowledge(self, events: Sequence[EventT[bytes]]) -> None:
-        for event in events:
-            event.ack()
+    async def deliver(self, entries: Sequence[Entry[EventT[bytes]]]) -> None:
+        await self._runner.deliver_all([entry.event for entry in entries], self.send,
+                                       self.send_alone)
+
+    def acknowledge(self, entries: Sequence[Entry[EventT[bytes]]]) -> None:
+        for entry in entries:
+            entry.token.ack()
 
     async def commit(self) -> None:
         """Commit what was acked. Shielded: a commit cancelled midway loses its offsets from
@@ -198,7 +190,7 @@ class _FaustRuntime:
 class _LoneProducer:
     """Sends a record refused as too large once more, in a batch of its own: faust's
     producer batches records, and the broker refuses a batch over a topic's limit as if
-    its every record were too large (`EventRunner.retry_forever`). Started on first use."""
+    its every record were too large (`Retries.forever`). Started on first use."""
 
     def __init__(self, settings: Settings) -> None:
         self._clients = KafkaClients.of(settings)
@@ -259,18 +251,18 @@ class _Consumer(faust_aiokafka.Consumer):
         """Fetching goes on: the one stream's bound holds the read-ahead, since a message
         handed over to a full stream waits for room (and that wait ends on a rebalance, as
         `wait_first` races it). Stopped by pressure, the fetcher napped a second at a time
-        while the agent drained its 512 events in a third of it: on backlogs of 17 and 53 KB
-        events the worker read 590-720 events a second, and 1,150-1,380 with fetching going
-        on (and hand-overs run in place)."""
+        while the agent drained its stream in a fraction of it: reading went at about half
+        the speed."""
 
     # faust-streaming 0.15.3's fetcher hands each message to the conductor as
     # `self.wait_first(callback(message), self.suspend_flow.wait())`, its one call here.
     async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
         """A message's hand-over to the agent's stream, raced as faust races it but only
-        when it has to wait. faust starts four tasks and an asyncio.wait for every message,
-        about 23 us of CPU, so that a hand-over stuck on a full stream ends when a rebalance
-        suspends the flow. Nearly every hand-over finds room and ends without waiting: it
-        runs here, and only one that waits goes on in a task raced against the suspension."""
+        when it has to wait. faust starts four tasks and an asyncio.wait for every message
+        (CPU the engine would rather have), so that a hand-over stuck on a full stream ends
+        when a rebalance suspends the flow. Nearly every hand-over finds room and ends
+        without waiting: it runs here, and only one that waits goes on in a task raced
+        against the suspension."""
         if not self._is_hand_over(coros, timeout):
             return await super().wait_first(*coros, timeout=timeout)
         handing, suspended = coros
@@ -360,9 +352,8 @@ class _Resumed(Generic[T]):
 
 class _Tableless(TableManager):
     """faust's table manager without its start-up nap: it sleeps a second before anything
-    else, presumably for tables to register, and a worker was ready 1.9-2.4 s after launch
-    instead of 0.9 s, which a restarted replica's partitions waited out. This app declares
-    no tables."""
+    else, presumably for tables to register, and a restarted replica's partitions waited it
+    out. This app declares no tables."""
 
     logger = SERVICE_LOG
 

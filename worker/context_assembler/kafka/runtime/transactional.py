@@ -1,11 +1,11 @@
 """Exactly-once delivery on aiokafka's transactional producers, one per input partition.
 
 faust's own exactly_once does not hold for this app: killed mid-stream and restarted, it
-published records that read_committed readers saw twice (205 duplicates for 2,000 inputs
-in our run; faust-streaming #517, #177). `tests/integration/test_faust_exactly_once.py`
-keeps that evidence. Here each input partition's share of a batch is one Kafka transaction:
-its prompts, audits and dead letters and its consumed offset commit together or not at all,
-and readers with isolation_level=read_committed see every request answered once.
+published records that read_committed readers saw twice (bench/README.md, "Lore moved from
+the code"; `tests/integration/test_faust_exactly_once.py` keeps the evidence). Here each
+input partition's share of a commit round is one Kafka transaction: its prompts, audits and dead
+letters and its consumed offset commit together or not at all, and readers with
+isolation_level=read_committed see every request answered once.
 
 Zombies are fenced the way Kafka Streams did before KIP-447 (its "exactly-once alpha"):
 aiokafka 0.14 commits a transaction's offsets without the group's generation (TxnOffsetCommit
@@ -22,18 +22,17 @@ whoever took the partition meanwhile if this worker is the zombie: so the partit
 read again from its committed offset, as when it was assigned, and what was read before is
 never committed on top of what the other owner committed.
 
-Three stages overlap: reading, assembling and committing. Batches are read ahead while
-earlier ones are assembled and committed (up to MAX_EVENTS_IN_FLIGHT events read and not yet
-committed); they are assembled in order, in engine batches (`delivery.batches`); and commits
-go in rounds, one at a time (`delivery.CommitRounds`): a round takes every event assembled
-since the last one began, and commits each partition's share in one transaction, the
-partitions concurrently. A round starts no sooner than the commit interval
-(ASSEMBLER_COMMIT_INTERVAL_MS) after the previous one started, so at low rates events share
-fewer transactions. So an event waits for at most the interval, the round in progress and
-its own, whatever the batch it came in; a round that started before a batch's events were
-assembled does not wait for them, nor they for a batch read after them. A read_committed
-reader of an output partition sees nothing past its earliest open transaction: rounds that
-never overlap let it see each round as soon as it commits.
+The worker drives the same `delivery.Delivery` as the faust runtime, as its commit strategy
+(the `Runtime` protocol): events are read ahead (up to MAX_EVENTS_IN_FLIGHT read and not yet
+committed), assembled in order, and an event is committable once assembled, in read order per
+partition (`delivery.InOrder`). Commits go in rounds, one at a time (`delivery.CommitRounds`):
+a round takes every event that became committable since the last one began and commits each
+partition's share, its records and its offset, in one transaction, the partitions
+concurrently. A round starts no sooner than the commit interval (ASSEMBLER_COMMIT_INTERVAL_MS)
+after the previous one started, so at low rates events share fewer transactions. So an event
+waits for at most the interval, the round in progress and its own. A read_committed reader of
+an output partition sees nothing past its earliest open transaction: rounds that never
+overlap let it see each round as soon as it commits.
 
 aiokafka commits a transaction even when one of its records failed (the commit waits for
 the sends, not for their success), so every send is checked before the offsets join the
@@ -42,7 +41,7 @@ offset. Records go out in producer batches (up to 1 MiB, 5 ms linger), and the b
 a batch over a topic's limit as if its every record were too large; so a refusal first
 replays the partition's events with one record per producer batch. A record refused alone
 teaches the runner that topic's limit, so the replay turns that event into a dead letter
-instead (`EventRunner.learn`), and later batches stay within every limit learned. aiokafka
+instead (`RecordSizes.learn`), and later batches stay within every limit learned. aiokafka
 counts the refused records in its idempotence sequence all the same, and the broker then
 refuses every later send to that partition as out of order: a new producer (a new epoch)
 starts afresh.
@@ -69,20 +68,21 @@ from context_assembler.collector import collect_less
 from context_assembler.kafka.batches import read_ahead
 from context_assembler.kafka.clients import KafkaClients, acl_hint, group_consumer, kafka_security
 from context_assembler.kafka.errors import too_large
-from context_assembler.kafka.records import Origin, Outcome, OutRecord, value_of
-from context_assembler.kafka.runtime.delivery import CommitRounds, batches, hand_over
+from context_assembler.kafka.records import Origin, OutRecord
+from context_assembler.kafka.runtime.delivery import Delivery, Entry
 from context_assembler.kafka.runtime.membership import leave_on_stop
-from context_assembler.kafka.runtime.runner import Attempts, EventRunner, Stopped
+from context_assembler.kafka.runtime.retries import Attempts, Stopped
+from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tuning import (
     BATCH_RECORDS,
     MAX_EVENTS_IN_FLIGHT,
     POLL_TIMEOUT_MS,
     PRODUCER_LINGER_MS,
+    READ_AHEAD_WAIT_SECONDS,
 )
 from context_assembler.settings import Settings
 
 log = logging.getLogger(__name__)
-Assembled = tuple[bytes, Origin, Outcome]  # an event, and what the engine made of it
 
 
 @dataclass(eq=False)
@@ -96,21 +96,13 @@ class _Partition:
     rewinds: int = 0  # events read before its latest rewind are stale
 
 
-@dataclass(frozen=True)
-class _Claim:
-    """A batch's records of one partition, as read at its `rewinds`."""
+@dataclass(frozen=True, eq=False)
+class _Read:
+    """A record of a partition held, as read at its `rewinds`."""
 
     partition: _Partition
     rewinds: int
-    records: list[ConsumerRecord]
-
-
-@dataclass(frozen=True, eq=False)
-class _Share:
-    """A claim's events assembled, waiting for the next round of commits."""
-
-    claim: _Claim
-    events: list[Assembled]
+    message: ConsumerRecord
 
 
 class _Dropped(Exception):
@@ -120,7 +112,7 @@ class _Dropped(Exception):
 
 class _Assignment(ConsumerRebalanceListener):  # type: ignore[misc]
     """The consumer's rebalances, handed to the worker: a revoked partition is given up once
-    the transactions in flight ended (bounded), an assigned one taken once its producer fenced
+    its transactions in flight ended (bounded), an assigned one taken once its producer fenced
     the previous owner's."""
 
     def __init__(self, worker: TransactionalWorker) -> None:
@@ -146,6 +138,11 @@ class _Undelivered(Exception):
 
 
 class TransactionalWorker:
+    """The exactly_once runtime: reads the input, holds its partitions' producers, and commits
+    as `Delivery`'s commit strategy, one transaction per partition and round."""
+
+    transactional = True
+
     def __init__(self, settings: Settings, runner: EventRunner) -> None:
         self.settings = settings
         self.runner = runner
@@ -155,11 +152,10 @@ class TransactionalWorker:
         runner.metrics.assigned.set_function(lambda: len(self.held))
         self.healthy = False
         self._consumer: AIOKafkaConsumer | None = None
-        self._batches: dict[asyncio.Task[None], int] = {}  # being assembled or committed: events
-        self._engine = asyncio.Lock()  # batches are assembled one at a time, in order
-        self._assembled: list[_Share] = []  # for the next round
-        self._rounds = CommitRounds(self._commit_assembled, settings.commit_interval_seconds,
-                                    spawn=runner.spawn)
+        self.delivery = Delivery(runner, self, MAX_EVENTS_IN_FLIGHT,
+                                 settings.commit_interval_seconds)
+        self._acknowledged: list[Entry[_Read]] = []  # for the next round
+        self._committing = asyncio.Lock()  # a round, or a hand-over's last commit
         self._fenced: dict[TopicPartition, float] = {}  # still assigned, producer fenced: since
 
     def ready(self) -> bool:
@@ -173,63 +169,61 @@ class TransactionalWorker:
         consumer = self._consumer = group_consumer(settings, self.security)
         consumer.subscribe([settings.input_topic], listener=self.assignment)
         self.runner.watch_lag(consumer.last_stable_offset)  # read_committed reads up to it
+        arrived: asyncio.Queue[_Read | None] = asyncio.Queue()  # None: reading ended
         try:
             await self.runner.retry_forever("connect consumer", consumer.start)
             collect_less()  # the clients are up: freeze what start-up made
-            while not self.runner.stopping.is_set():
-                self._reap()
-                while self._batches and (sum(self._batches.values()) >= MAX_EVENTS_IN_FLIGHT
-                                         or read_ahead.full):
-                    await self._one_finished()
-                try:
-                    batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS,
-                                                   max_records=BATCH_RECORDS)
-                except UnsupportedCodecError as error:
-                    self.runner.cannot_decode(error)
-                    break  # read no further: only what was read before is committed
-                self.healthy = True
-                claims = self._claim(batch)
-                if claims:
-                    # A task, so that stopping can cancel it: an open transaction is aborted,
-                    # and its events are read again by the partitions' next owner.
-                    task = self.runner.spawn(self._batch(claims))
-                    self._batches[task] = sum(len(claim.records) for claim in claims)
-                if self._fenced:
-                    await self._retake_fenced()
-            while self._batches:
-                await self._one_finished()
-            await self.runner.stopping.wait()  # set already, unless input was undecodable
+            reading = asyncio.create_task(self._read(consumer, arrived))
+            try:
+                await self.delivery.assemble(arrived)
+                if not self.runner.stopping.is_set():
+                    await reading  # it ended: raise its error, if any
+            finally:
+                reading.cancel()
+            await self.delivery.stop()
         except Stopped:
             pass
         finally:
             self.healthy = False
-            await asyncio.gather(*self._batches, return_exceptions=True)
+            await self.delivery.close()
             await asyncio.gather(*(self._close(p) for p in self.held.values()))
             self.held.clear()
             leave_on_stop(consumer)
             await consumer.stop()
 
-    async def _one_finished(self) -> None:
-        await asyncio.wait(set(self._batches), return_when=asyncio.FIRST_COMPLETED)
-        self._reap()
+    async def _read(self, consumer: AIOKafkaConsumer, arrived: asyncio.Queue[_Read | None],
+                    ) -> None:
+        """Read the partitions held into `arrived`, each event after its room in flight."""
+        try:
+            while not self.runner.stopping.is_set():
+                while read_ahead.full and self.delivery.in_flight:
+                    await asyncio.sleep(READ_AHEAD_WAIT_SECONDS)  # those in flight go first
+                try:
+                    batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS,
+                                                   max_records=BATCH_RECORDS)
+                except UnsupportedCodecError as error:
+                    self.runner.cannot_decode(error)
+                    # Read no further: only what was read before is assembled and committed.
+                    await self.runner.stopping.wait()
+                    return
+                self.healthy = True
+                for read in self._claim(batch):
+                    await self.delivery.room()
+                    arrived.put_nowait(read)
+                if self._fenced:
+                    await self._retake_fenced()
+        finally:
+            arrived.put_nowait(None)
 
-    def _reap(self) -> None:
-        """Forget the batches that ended; raise what one raised (Stopped, or a bug), unless it
-        was cancelled."""
-        for task in [task for task in self._batches if task.done()]:
-            del self._batches[task]
-            if not task.cancelled():
-                task.result()
-
-    def _claim(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> list[_Claim]:
+    def _claim(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> list[_Read]:
         """The records of partitions held. Others are being taken (their producer starts, and
         then the partition is read from its committed offset) or were fenced: skipped."""
-        claims = []
+        claimed = []
         for tp, records in batch.items():
             partition = self.held.get(tp)
-            if partition is not None and records:
-                claims.append(_Claim(partition, partition.rewinds, records))
-        return claims
+            if partition is not None:
+                claimed += [_Read(partition, partition.rewinds, record) for record in records]
+        return claimed
 
     def _new_producer(self, tp: TopicPartition, batch_bytes: int) -> AIOKafkaProducer:
         return KafkaClients.of(self.settings, self.security).producer(
@@ -268,11 +262,13 @@ class TransactionalWorker:
         self.held[tp] = _Partition(tp, producer, batch_bytes)
 
     async def release(self, revoked: Iterable[TopicPartition]) -> None:
-        """Give the revoked partitions up once the batches in flight ended, so that their next
-        owner reads from the offsets they commit (bounded: a transaction stuck on a failing
-        broker is aborted by its own error path, and its events are read again anyway)."""
-        await hand_over(lambda: {task for task in self._batches if not task.done()},
-                        self.settings.session_timeout_seconds)
+        """Give the revoked partitions up once their transactions in flight ended, so that
+        their next owner reads from the offsets they commit (bounded: a transaction stuck on
+        a failing broker is aborted by its own error path, and its events are read again
+        anyway)."""
+        revoked = list(revoked)
+        await self.delivery.revoke([(tp.topic, tp.partition) for tp in revoked],
+                                   self.settings.session_timeout_seconds)
         released = []
         for tp in revoked:
             self._fenced.pop(tp, None)
@@ -286,71 +282,51 @@ class TransactionalWorker:
         except Exception as error:  # it goes anyway; its id is fenced by the next owner
             log.warning("stopping the producer of %s failed: %r", partition.tp, error)
 
-    async def _batch(self, claims: list[_Claim]) -> None:
-        """Assemble the batch's events, in order after the batches read before it, and wait
-        for the round of commits that takes them."""
-        inputs = [(value_of(m), Origin.from_record(m)) for c in claims for m in c.records]
-        outcomes: list[Outcome] = []
-        try:
-            async with self._engine:
-                for batch in batches(inputs):
-                    outcomes += await self.runner.process_all(batch)
-        except BaseException as error:  # cancelled: stopping
-            for _, origin in inputs[: len(outcomes)]:
-                self.runner.settle(origin, error)
-            raise
-        shares, start = [], 0
-        for claim in claims:
-            end = start + len(claim.records)
-            events = [(raw, origin, outcome) for (raw, origin), outcome
-                      in zip(inputs[start:end], outcomes[start:end], strict=True)]
-            start = end
-            shares.append(_Share(claim, events))
-        self._assembled += shares
-        try:  # shielded: one waiter cancelled does not stop a round
-            errors = await asyncio.shield(self._rounds.request())
-        except BaseException as error:  # stopping: what no round took is not delivered
-            untaken = [share for share in shares if share in self._assembled]
-            self._assembled = [share for share in self._assembled if share not in untaken]
-            self._settle(untaken, error)
-            raise
-        if errors:
-            raise errors[0]
+    async def deliver(self, entries: Sequence[Entry[_Read]]) -> None:
+        """Nothing is sent before the commit: the records go out in its transactions. The
+        entries of partitions handed over meanwhile will not be committed here."""
+        self._settle([entry for entry in entries if entry.forgotten], _Dropped())
 
-    async def _commit_assembled(self) -> list[BaseException]:
-        """A round: every share assembled since the last round began."""
-        shares, self._assembled = self._assembled, []
-        return await self._commit_round(shares)
+    def acknowledge(self, entries: Sequence[Entry[_Read]]) -> None:
+        self._acknowledged += entries
 
-    def _settle(self, shares: list[_Share], error: BaseException) -> None:
-        """The shares' events will not be acknowledged by this worker."""
-        for share in shares:
-            for _, origin, _ in share.events:
-                self.runner.settle(origin, error)
+    async def commit(self) -> None:
+        """A round: each partition's events acknowledged since the last round began, in one
+        transaction. What a transaction raised, other than stopping, is a bug: logged."""
+        async with self._committing:
+            entries, self._acknowledged = self._acknowledged, []
+            by_partition: dict[_Partition, list[Entry[_Read]]] = {}
+            for entry in entries:
+                by_partition.setdefault(entry.token.partition, []).append(entry)
+            ended = await asyncio.gather(
+                *(self._transact(partition, its) for partition, its in by_partition.items()),
+                return_exceptions=True)
+        for error in ended:
+            if isinstance(error, BaseException) and not isinstance(error, Stopped):
+                log.error("a transaction failed: %r", error, exc_info=error)
 
-    async def _commit_round(self, shares: list[_Share]) -> list[BaseException]:
-        """Each partition's shares in one transaction; what the transactions raised."""
-        by_partition: dict[_Partition, list[_Share]] = {}
-        for share in shares:
-            by_partition.setdefault(share.claim.partition, []).append(share)
-        ended = await asyncio.gather(
-            *(self._transact(partition, its) for partition, its in by_partition.items()),
-            return_exceptions=True)
-        return [error for error in ended if error is not None]
+    def _settle(self, entries: Sequence[Entry[_Read]], error: BaseException) -> None:
+        """The entries' events will not be acknowledged by this worker."""
+        for entry in entries:
+            self.runner.settle(entry.event[1], error)
 
-    async def _transact(self, partition: _Partition, shares: list[_Share]) -> None:
-        """Commit the shares' records and their last offset in one transaction. Shares read
+    async def _transact(self, partition: _Partition, entries: list[Entry[_Read]]) -> None:
+        """Commit the entries' records and their last offset in one transaction. Entries read
         before the partition was rewound, or moved, are dropped (their events are read again)."""
         tp = partition.tp
         current = self.held.get(tp) is partition
-        fresh = [s for s in shares if current and s.claim.rewinds == partition.rewinds]
-        self._settle([s for s in shares if s not in fresh], _Dropped())
+        fresh: list[Entry[_Read]] = []
+        stale: list[Entry[_Read]] = []
+        for entry in entries:
+            ok = current and entry.token.rewinds == partition.rewinds
+            (fresh if ok else stale).append(entry)
+        self._settle(stale, _Dropped())
         if not fresh:
             return
         died = _sender_error(partition.producer)
         if died is not None:
             # Fenced while idle, or the connection lost as it looked a coordinator up. These
-            # shares were read before: the partition's next owner, or this worker once it
+            # events were read before: the partition's next owner, or this worker once it
             # replaced the producer (`_renew_producer`), reads them again.
             self._settle(fresh, _Dropped())
             if _fenced(died):
@@ -361,12 +337,12 @@ class TransactionalWorker:
                             tp, died, tp)
                 await self._renew_producer(partition)
             return
-        events = [event for share in fresh for event in share.events]
+        events = [entry.event for entry in fresh]
         try:
             with self.runner.settling() as origins:  # acknowledged once committed
                 origins.extend(origin for _, origin, _ in events)
                 producer = partition.producer
-                offset = fresh[-1].claim.records[-1].offset + 1
+                offset = fresh[-1].offset + 1
                 async with producer.transaction():
                     sent: list[tuple[OutRecord, asyncio.Future[Any]]] = []
                     for _, origin, outcome in events:
@@ -482,7 +458,8 @@ class TransactionalWorker:
         candidates = others or failures
         record, cause = next((f for f in candidates if acl_hint(f[1])), candidates[0])
         if partition.attempts is None:
-            partition.attempts = Attempts(self.runner, f"transaction of {partition.tp}")
+            partition.attempts = Attempts(self.runner.retries,
+                                          f"transaction of {partition.tp}")
         await partition.attempts.failed(
             cause, f"transaction of {partition.tp} (produce to {record.topic})" if record else None)
         return bool(refused or broken)
