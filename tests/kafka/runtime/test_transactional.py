@@ -274,6 +274,27 @@ async def test_records_read_before_a_rewind_are_not_committed(rig: Rig) -> None:
     assert rig.in_flight() == 0
 
 
+async def test_a_transaction_failing_on_a_bug_is_read_again_and_nothing_past_it_commits(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failure that is no Kafka error (a bug) aborts the transaction like any other: the
+    partition is read again from its committed offset, so a later round cannot commit past
+    the events it held (what was read before the rewind is dropped: the test above)."""
+    await rig.assign(TP0)
+    producer = rig.producer(TP0)
+
+    async def broken(topic: str, **_: Any) -> asyncio.Future[None]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(producer, "send", broken)
+    rig.consumer.positions[TP0] = 10  # read up to 10
+    await rig.batch({TP0: records(TP0, 7, 3)})
+    assert producer.committed == [] and producer.aborted == 1
+    assert rig.worker.held[TP0].rewinds == 1
+    assert rig.consumer.positions[TP0] == 7  # read again from what was committed
+    assert "RuntimeError('a bug')" in (rig.runner.blocked or "")  # /ready says why
+
+
 async def test_a_revocation_waits_for_the_batch_in_flight_then_closes_the_producer(
     rig: Rig,
 ) -> None:

@@ -57,7 +57,6 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
-    KafkaError,
     OutOfOrderSequenceNumber,
     ProducerFenced,
     UnsupportedCodecError,
@@ -292,7 +291,8 @@ class TransactionalWorker:
 
     async def commit(self) -> None:
         """A round: each partition's events acknowledged since the last round began, in one
-        transaction. What a transaction raised, other than stopping, is a bug: logged."""
+        transaction. A transaction that fails is aborted and its partition read again
+        (`_transact`); what escapes that, other than stopping, is logged."""
         async with self._committing:
             entries, self._acknowledged = self._acknowledged, []
             by_partition: dict[_Partition, list[Entry[_Read]]] = {}
@@ -361,11 +361,14 @@ class TransactionalWorker:
                         raise
                     await joined
             self.runner.metrics.transactions.inc()
-        except (KafkaError, _Undelivered) as error:
+        except Stopped:
+            raise
+        except Exception as error:  # a Kafka error, a record undelivered, or a bug
             if _fenced(error):
                 await self._drop_fenced(partition)
                 return
-            # The transaction was aborted: read again from what was committed and try again.
+            # The transaction was aborted: read again from what was committed and try again
+            # (a bug too: a later round must never commit past the events it held).
             self.healthy = False
             if await self._failed(partition, error):
                 await self._renew_producer(partition)  # which reads again too
