@@ -287,6 +287,9 @@ class Analysis:
     kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
     marked: dict[str, tuple[int, ...]]  # a word `marks_of` marks -> the segments it marks
     nbytes: int  # what holding it in the cache costs, approximately
+    # the spaces before each segment (the first: 0) where the text is its segments joined by
+    # runs of spaces, else None: the text's count after a blank is then known from theirs
+    gaps: tuple[int, ...] | None
     _split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
     def split(self, asked: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -359,9 +362,29 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
     compact: Callable[[list[int]], bytes | tuple[int, ...]] = (
         bytes if len(parts) <= 256 else tuple)
     found = Analysis(parts, tokens, {t: compact(i) for t, i in postings.items()}, kinds,
-                     {w: tuple(i) for w, i in marked.items()}, nbytes)
+                     {w: tuple(i) for w, i in marked.items()}, nbytes,
+                     _gaps(candidate.text, parts))
     ANALYSES.put(key, found)
     return found
+
+
+def _gaps(text: str, parts: tuple[Segment, ...]) -> tuple[int, ...] | None:
+    """The spaces before each segment where `text` is its segments joined by runs of
+    spaces, each segment ending in a non-blank (so that every seam is a cut); else None."""
+    if not parts or not text.startswith(parts[0].text):
+        return None
+    gaps, at = [0], len(parts[0].text)
+    for part in parts[1:]:
+        start = at
+        while text.startswith(" ", at):
+            at += 1
+        if at == start or part.joined != " " or not text.startswith(part.text, at):
+            return None
+        gaps.append(at - start)
+        at += len(part.text)
+    if at != len(text) or any(part.text[-1].isspace() for part in parts):
+        return None
+    return tuple(gaps)
 
 
 @dataclass(slots=True)
@@ -707,12 +730,20 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     pieces, counts = extract(passage, elision)
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
+        header = passage.header_text
+        spaced = header.endswith(" ") and neutralise(candidate.text) == candidate.text
+        if spaced and passage.analysis.gaps is not None:
+            # the text after its blank counted from its segments' counts, then the passage
+            # as its header (less the blank) and that: the tokenizer does not read it again
+            known: int | None = _spaced_whole(passage, passage.analysis.gaps, packing)
+            tokens = packing.count_known([header[:-1], f" {candidate.text}"], [None, known])
+            return Focused(candidate, candidate.text, tokens, False, sentences, known)
         tokens = packing.cost(candidate, candidate.text)
         known = None
-        if passage.header_text.endswith(" ") and neutralise(text) == text:  # the text after
-            # its blank, as the render counts the passage under its final label (header,
-            # then this: a cut); where the render defuses the text, what it shows differs
-            known = packing.count_rest(tokens, passage.header_text[:-1], f" {candidate.text}")
+        if spaced:  # the text after its blank, as the render counts the passage under its
+            # final label (header, then this: a cut); where the render defuses the text,
+            # what it shows differs
+            known = packing.count_rest(tokens, header[:-1], f" {candidate.text}")
         return Focused(candidate, candidate.text, tokens, False, sentences, known)
     if neutralise(text) != text:
         return Focused(candidate, text, packing.cost(candidate, text), True, sentences)
@@ -720,10 +751,40 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
         # The extract after its blank, counted once from its pieces: the render counts the
         # passage under its final label from it.
-        tokens = packing.count_known([f" {pieces[0]}", *pieces[1:]],
-                                     [elision if pieces[0] == ELISION else None, *counts[1:]])
+        first = elision if pieces[0] == ELISION else _spaced_first(passage, packing)
+        tokens = packing.count_known([f" {pieces[0]}", *pieces[1:]], [first, *counts[1:]])
         return Focused(candidate, text, packing.count_known([header[:-1], f" {text}"],
                                                             [None, tokens]), True, sentences,
                        tokens)
     return Focused(candidate, text, packing.count_known([header, *pieces], [None, *counts]),
                    True, sentences)
+
+
+def _spaced_first(passage: _Passage, packing: FocusPacking) -> int:
+    """The count of the passage's first segment after a blank, from its count at a line
+    start (the analysis's) and its first word's two counts (short, mostly cached) where
+    the counter says the rest counts alone, so that the tokenizer does not read the
+    sentence again."""
+    first = passage.segments[0].text
+    cut = first.find(" ")
+    if cut > 0:
+        word, rest = first[:cut], first[cut:]
+        rest_tokens = packing.count_rest(passage.tokens[0], word, rest)
+        if rest_tokens is not None:
+            return packing.count_known([f" {word}", rest], [None, rest_tokens])
+    return packing.count(f" {first}")
+
+
+def _spaced_whole(passage: _Passage, gaps: tuple[int, ...], packing: FocusPacking) -> int:
+    """The count of the passage's whole text after a blank, from its segments' counts (each
+    after one space; a longer run of spaces is its spaces but one, then that)."""
+    segments, tokens = passage.segments, passage.tokens
+    parts = [f" {segments[0].text}"]
+    counts: list[int | None] = [_spaced_first(passage, packing)]
+    for index in range(1, len(segments)):
+        if gaps[index] > 1:
+            parts.append(" " * (gaps[index] - 1))
+            counts.append(None)
+        parts.append(f" {segments[index].text}")
+        counts.append(tokens[index])
+    return packing.count_known(parts, counts)
