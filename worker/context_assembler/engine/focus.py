@@ -291,6 +291,9 @@ class Analysis:
     # runs of spaces, else None: the text's count after a blank is then known from theirs
     gaps: tuple[int, ...] | None
     _split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    # what the render asks of the text after a blank, once worked out (it depends on the
+    # text and the tokenizer alone, as the analysis does): _FIRST, _WHOLE -> count
+    spaced: dict[int, int] = field(default_factory=dict)
 
     def split(self, asked: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The segments that hold a kind of answer `asked` names, and the others (made
@@ -318,6 +321,7 @@ _WORD_BYTES: Final = 64  # a marked word, and its tuple slot
 _POSTING_BYTES: Final = 64  # a word form's entry in `postings`: its slot and its bytes or tuple
 _INDEX_BYTES: Final = 8  # a segment's index in a marked word's tuple (small ints are shared)
 _SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
+_SPACED_BYTES: Final = 240  # `spaced`, once filled: a small dict of two counts
 
 
 def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
@@ -358,6 +362,7 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
               for found in postings.values())
         + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in marked.values())
         + _SPLITS_BYTES * len(parts)
+        + _SPACED_BYTES + _INDEX_BYTES * len(parts)  # `spaced` and `gaps`
     )
     compact: Callable[[list[int]], bytes | tuple[int, ...]] = (
         bytes if len(parts) <= 256 else tuple)
@@ -469,6 +474,9 @@ def priors(candidates: list[Candidate]) -> dict[int, float]:
 
 
 Ranked = tuple[float, int, int]  # (minus the score, passage index, segment index)
+# A passage of at most this many segments has each scored one by one: its segments mostly
+# match, neighbour one that does or open it, and sets and groups cost more than they save.
+_SCORED_WHOLE: Final = 16
 
 
 def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
@@ -478,7 +486,8 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     passage's opening sets apart are scored one by one; the rest of a passage scores the
     same within its two groups (holding what the question asks for, or not), which are
     merged in as they are reached. An event's cost grows with the segments that match and
-    the segments taken, not with every segment of every passage."""
+    the segments taken, not with every segment of every passage. A short passage (most
+    of whose segments would be set apart anyway) has every segment scored."""
     question_terms = terms(question)
     question_words = frozenset(words(question))
     shared_by = [
@@ -497,14 +506,7 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
         shared = shared_by[number]
         about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
-        matched: dict[int, float] = {}
         postings = analysis.postings
-        for term in shared:
-            holding_term = postings.get(term)
-            if holding_term:
-                added = share[term]
-                for index in holding_term:
-                    matched[index] = matched.get(index, 0.0) + added
         # A segment marking a word the question names is judged by what else it marks
         # (`held_kinds`); any other holds the kinds its analysis found.
         judged: set[int] = set()
@@ -513,6 +515,32 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
             for word in question_words:
                 if word in marked:
                     judged.update(marked[word])
+        kinds_of, append = analysis.kinds, explicit.append
+        if size <= _SCORED_WHOLE:  # every segment scored: no sets, no groups to merge
+            row = [0.0] * (size + 2)  # segment i's match at i + 1, a zero either side
+            for term in shared:
+                holding_term = postings.get(term)
+                if holding_term:
+                    added = share[term]
+                    for index in holding_term:
+                        row[index + 1] += added
+            for index in range(size):
+                score = base + row[index + 1] + neighbour * max(row[index], row[index + 2])
+                kinds = (held_kinds(passage.segments[index].marks, question_words)
+                         if index in judged else kinds_of[index])
+                if kinds & asked:
+                    score += asked_weight
+                if index == 0:
+                    score += opening
+                append((-score, number, index))
+            continue
+        matched: dict[int, float] = {}
+        for term in shared:
+            holding_term = postings.get(term)
+            if holding_term:
+                added = share[term]
+                for index in holding_term:
+                    matched[index] = matched.get(index, 0.0) + added
         # The matched segments, their neighbours, the opening and the judged ones.
         special = set(matched)
         special.update([index - 1 for index in matched])
@@ -522,7 +550,7 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
         if size:
             special.add(0)
         special |= judged
-        kinds_of, found, append = analysis.kinds, matched.get, explicit.append
+        found = matched.get
         for index in sorted(special):
             near = max(found(index - 1, 0.0), found(index + 1, 0.0))
             score = base + found(index, 0.0) + neighbour * near
@@ -760,24 +788,36 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
                    True, sentences)
 
 
+_FIRST, _WHOLE = 0, 1  # keys of `Analysis.spaced`
+
+
 def _spaced_first(passage: _Passage, packing: FocusPacking) -> int:
     """The count of the passage's first segment after a blank, from its count at a line
     start (the analysis's) and its first word's two counts (short, mostly cached) where
     the counter says the rest counts alone, so that the tokenizer does not read the
-    sentence again."""
+    sentence again; once per analysis."""
+    spaced = passage.analysis.spaced
+    found = spaced.get(_FIRST)
+    if found is not None:
+        return found
     first = passage.segments[0].text
     cut = first.find(" ")
-    if cut > 0:
-        word, rest = first[:cut], first[cut:]
-        rest_tokens = packing.count_rest(passage.tokens[0], word, rest)
-        if rest_tokens is not None:
-            return packing.count_known([f" {word}", rest], [None, rest_tokens])
-    return packing.count(f" {first}")
+    rest_tokens = (packing.count_rest(passage.tokens[0], first[:cut], first[cut:]) if cut > 0
+                   else None)
+    found = spaced[_FIRST] = (
+        packing.count(f" {first}") if rest_tokens is None
+        else packing.count_known([f" {first[:cut]}", first[cut:]], [None, rest_tokens]))
+    return found
 
 
 def _spaced_whole(passage: _Passage, gaps: tuple[int, ...], packing: FocusPacking) -> int:
     """The count of the passage's whole text after a blank, from its segments' counts (each
-    after one space; a longer run of spaces is its spaces but one, then that)."""
+    after one space; a longer run of spaces is its spaces but one, then that); once per
+    analysis."""
+    spaced = passage.analysis.spaced
+    found = spaced.get(_WHOLE)
+    if found is not None:
+        return found
     segments, tokens = passage.segments, passage.tokens
     parts = [f" {segments[0].text}"]
     counts: list[int | None] = [_spaced_first(passage, packing)]
@@ -787,4 +827,5 @@ def _spaced_whole(passage: _Passage, gaps: tuple[int, ...], packing: FocusPackin
             counts.append(None)
         parts.append(f" {segments[index].text}")
         counts.append(tokens[index])
-    return packing.count_known(parts, counts)
+    found = spaced[_WHOLE] = packing.count_known(parts, counts)
+    return found
