@@ -41,7 +41,8 @@ WORDS = st.sampled_from([
 ])
 SENTENCE = st.builds(
     lambda words, end: " ".join(words) + end,
-    st.lists(WORDS, min_size=1, max_size=14), st.sampled_from([".", "!", "?", "", ". "]),
+    st.lists(WORDS, min_size=1, max_size=14),
+    st.sampled_from([".", "!", "?", "", ". ", ".  ", "?   "]),  # runs of spaces, as in dumps
 )
 TEXT = st.lists(SENTENCE, min_size=1, max_size=8).map(
     lambda parts: "".join(p if i % 3 else p + "\n" for i, p in enumerate(parts)).strip() or "x")

@@ -2,7 +2,7 @@ import functools
 import threading
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from context_assembler.engine import vocabulary
@@ -165,3 +165,19 @@ def test_a_count_worked_out_from_its_whole_is_the_tokenizers(
     assert rest in (None, len(tiktoken_encoding.encode_ordinary(right)))
     if left[-1:].strip() and right[:1] == " ":  # a cut: the counts add up
         assert rest is not None
+
+
+@settings(max_examples=400, deadline=None)
+@given(TRICKY, st.integers(1, 3), TRICKY, st.sampled_from(["cl100k_base", "o200k_base"]))
+def test_blanks_ending_in_a_space_meet_the_word_after_them_at_a_cut(
+    left: str, spaces: int, word: str, encoding: str
+) -> None:
+    """Blanks ending in a space, then " word" (as sentences two spaces apart are cut): the
+    run's last space goes with the word, so the counts add up and the rest is known."""
+    assume(word[:1].strip())
+    left, right = left + " " * spaces, f" {word}"
+    tiktoken_encoding = _ENCODINGS(encoding)
+    counter = TiktokenCounter(tiktoken_encoding)  # its own cache
+    whole = len(tiktoken_encoding.encode_ordinary(left + right))
+    assert counter.count_rest(whole, left, right) == len(tiktoken_encoding.encode_ordinary(right))
+    assert counter.count_known([left, right], [None, None]) == whole

@@ -47,9 +47,11 @@ from context_assembler.engine.words import words
 
 # A sentence ends at ".", "!" or "?" (a closing quote or bracket may follow) before blanks,
 # unless the stop ends an initial ("J. Smith", "U.S."): a single letter after a blank or
-# another stop. One pass, no backtracking: the lookbehinds are fixed width.
+# another stop. One pass, no backtracking: the lookbehinds are fixed width. The pattern
+# opens with the blank (the lookbehinds reach back over it) so that the regex engine
+# skips to each blank at C speed instead of trying the lookbehinds at every character.
 _SENTENCE_END: Final = re.compile(
-    r"(?<![\s.][A-Za-z][.])(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+"
+    r"\s(?<![\s.][A-Za-z][.]\s)(?:(?<=[.!?]\s)|(?<=[.!?][\"')\]]\s))\s*"
 )
 MAX_SEGMENT_TOKENS: Final = 64  # a longer sentence is taken in pieces of about this many
 _CHARS_PER_TOKEN_LEAST: Final = 2  # a piece holds at least this many characters a token
@@ -287,7 +289,13 @@ class Analysis:
     kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
     marked: dict[str, tuple[int, ...]]  # a word `marks_of` marks -> the segments it marks
     nbytes: int  # what holding it in the cache costs, approximately
+    # the spaces before each segment (the first: 0) where the text is its segments joined by
+    # runs of spaces, else None: the text's count after a blank is then known from theirs
+    gaps: tuple[int, ...] | None
     _split: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    # what the render asks of the text after a blank, once worked out (it depends on the
+    # text and the tokenizer alone, as the analysis does): _FIRST, _WHOLE -> count
+    spaced: dict[int, int] = field(default_factory=dict)
 
     def split(self, asked: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The segments that hold a kind of answer `asked` names, and the others (made
@@ -315,6 +323,7 @@ _WORD_BYTES: Final = 64  # a marked word, and its tuple slot
 _POSTING_BYTES: Final = 64  # a word form's entry in `postings`: its slot and its bytes or tuple
 _INDEX_BYTES: Final = 8  # a segment's index in a marked word's tuple (small ints are shared)
 _SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
+_SPACED_BYTES: Final = 240  # `spaced`, once filled: a small dict of two counts
 
 
 def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
@@ -355,13 +364,34 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
               for found in postings.values())
         + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in marked.values())
         + _SPLITS_BYTES * len(parts)
+        + _SPACED_BYTES + _INDEX_BYTES * len(parts)  # `spaced` and `gaps`
     )
     compact: Callable[[list[int]], bytes | tuple[int, ...]] = (
         bytes if len(parts) <= 256 else tuple)
     found = Analysis(parts, tokens, {t: compact(i) for t, i in postings.items()}, kinds,
-                     {w: tuple(i) for w, i in marked.items()}, nbytes)
+                     {w: tuple(i) for w, i in marked.items()}, nbytes,
+                     _gaps(candidate.text, parts))
     ANALYSES.put(key, found)
     return found
+
+
+def _gaps(text: str, parts: tuple[Segment, ...]) -> tuple[int, ...] | None:
+    """The spaces before each segment where `text` is its segments joined by runs of
+    spaces, each segment ending in a non-blank (so that every seam is a cut); else None."""
+    if not parts or not text.startswith(parts[0].text):
+        return None
+    gaps, at = [0], len(parts[0].text)
+    for part in parts[1:]:
+        start = at
+        while text.startswith(" ", at):
+            at += 1
+        if at == start or part.joined != " " or not text.startswith(part.text, at):
+            return None
+        gaps.append(at - start)
+        at += len(part.text)
+    if at != len(text) or any(part.text[-1].isspace() for part in parts):
+        return None
+    return tuple(gaps)
 
 
 @dataclass(slots=True)
@@ -446,6 +476,9 @@ def priors(candidates: list[Candidate]) -> dict[int, float]:
 
 
 Ranked = tuple[float, int, int]  # (minus the score, passage index, segment index)
+# A passage of at most this many segments has each scored one by one: its segments mostly
+# match, neighbour one that does or open it, and sets and groups cost more than they save.
+_SCORED_WHOLE: Final = 16
 
 
 def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
@@ -455,7 +488,8 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
     passage's opening sets apart are scored one by one; the rest of a passage scores the
     same within its two groups (holding what the question asks for, or not), which are
     merged in as they are reached. An event's cost grows with the segments that match and
-    the segments taken, not with every segment of every passage."""
+    the segments taken, not with every segment of every passage. A short passage (most
+    of whose segments would be set apart anyway) has every segment scored."""
     question_terms = terms(question)
     question_words = frozenset(words(question))
     shared_by = [
@@ -474,14 +508,7 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
         shared = shared_by[number]
         about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
-        matched: dict[int, float] = {}
         postings = analysis.postings
-        for term in shared:
-            holding_term = postings.get(term)
-            if holding_term:
-                added = share[term]
-                for index in holding_term:
-                    matched[index] = matched.get(index, 0.0) + added
         # A segment marking a word the question names is judged by what else it marks
         # (`held_kinds`); any other holds the kinds its analysis found.
         judged: set[int] = set()
@@ -490,6 +517,32 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
             for word in question_words:
                 if word in marked:
                     judged.update(marked[word])
+        kinds_of, append = analysis.kinds, explicit.append
+        if size <= _SCORED_WHOLE:  # every segment scored: no sets, no groups to merge
+            row = [0.0] * (size + 2)  # segment i's match at i + 1, a zero either side
+            for term in shared:
+                holding_term = postings.get(term)
+                if holding_term:
+                    added = share[term]
+                    for index in holding_term:
+                        row[index + 1] += added
+            for index in range(size):
+                score = base + row[index + 1] + neighbour * max(row[index], row[index + 2])
+                kinds = (held_kinds(passage.segments[index].marks, question_words)
+                         if index in judged else kinds_of[index])
+                if kinds & asked:
+                    score += asked_weight
+                if index == 0:
+                    score += opening
+                append((-score, number, index))
+            continue
+        matched: dict[int, float] = {}
+        for term in shared:
+            holding_term = postings.get(term)
+            if holding_term:
+                added = share[term]
+                for index in holding_term:
+                    matched[index] = matched.get(index, 0.0) + added
         # The matched segments, their neighbours, the opening and the judged ones.
         special = set(matched)
         special.update([index - 1 for index in matched])
@@ -499,7 +552,7 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
         if size:
             special.add(0)
         special |= judged
-        kinds_of, found, append = analysis.kinds, matched.get, explicit.append
+        found = matched.get
         for index in sorted(special):
             near = max(found(index - 1, 0.0), found(index + 1, 0.0))
             score = base + found(index, 0.0) + neighbour * near
@@ -707,12 +760,20 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     pieces, counts = extract(passage, elision)
     text = "".join(pieces)
     if text is candidate.text or len(pieces) == 1:
+        header = passage.header_text
+        spaced = header.endswith(" ") and neutralise(candidate.text) == candidate.text
+        if spaced and passage.analysis.gaps is not None:
+            # the text after its blank counted from its segments' counts, then the passage
+            # as its header (less the blank) and that: the tokenizer does not read it again
+            known: int | None = _spaced_whole(passage, passage.analysis.gaps, packing)
+            tokens = packing.count_known([header[:-1], f" {candidate.text}"], [None, known])
+            return Focused(candidate, candidate.text, tokens, False, sentences, known)
         tokens = packing.cost(candidate, candidate.text)
         known = None
-        if passage.header_text.endswith(" ") and neutralise(text) == text:  # the text after
-            # its blank, as the render counts the passage under its final label (header,
-            # then this: a cut); where the render defuses the text, what it shows differs
-            known = packing.count_rest(tokens, passage.header_text[:-1], f" {candidate.text}")
+        if spaced:  # the text after its blank, as the render counts the passage under its
+            # final label (header, then this: a cut); where the render defuses the text,
+            # what it shows differs
+            known = packing.count_rest(tokens, header[:-1], f" {candidate.text}")
         return Focused(candidate, candidate.text, tokens, False, sentences, known)
     if neutralise(text) != text:
         return Focused(candidate, text, packing.cost(candidate, text), True, sentences)
@@ -720,10 +781,53 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     if header.endswith(" "):  # "[S1] (-) " + "It …": counted as "[S1] (-)" + " It …", a cut
         # The extract after its blank, counted once from its pieces: the render counts the
         # passage under its final label from it.
-        tokens = packing.count_known([f" {pieces[0]}", *pieces[1:]],
-                                     [elision if pieces[0] == ELISION else None, *counts[1:]])
+        first = elision if pieces[0] == ELISION else _spaced_first(passage, packing)
+        tokens = packing.count_known([f" {pieces[0]}", *pieces[1:]], [first, *counts[1:]])
         return Focused(candidate, text, packing.count_known([header[:-1], f" {text}"],
                                                             [None, tokens]), True, sentences,
                        tokens)
     return Focused(candidate, text, packing.count_known([header, *pieces], [None, *counts]),
                    True, sentences)
+
+
+_FIRST, _WHOLE = 0, 1  # keys of `Analysis.spaced`
+
+
+def _spaced_first(passage: _Passage, packing: FocusPacking) -> int:
+    """The count of the passage's first segment after a blank, from its count at a line
+    start (the analysis's) and its first word's two counts (short, mostly cached) where
+    the counter says the rest counts alone, so that the tokenizer does not read the
+    sentence again; once per analysis."""
+    spaced = passage.analysis.spaced
+    found = spaced.get(_FIRST)
+    if found is not None:
+        return found
+    first = passage.segments[0].text
+    cut = first.find(" ")
+    rest_tokens = (packing.count_rest(passage.tokens[0], first[:cut], first[cut:]) if cut > 0
+                   else None)
+    found = spaced[_FIRST] = (
+        packing.count(f" {first}") if rest_tokens is None
+        else packing.count_known([f" {first[:cut]}", first[cut:]], [None, rest_tokens]))
+    return found
+
+
+def _spaced_whole(passage: _Passage, gaps: tuple[int, ...], packing: FocusPacking) -> int:
+    """The count of the passage's whole text after a blank, from its segments' counts (each
+    after one space; a longer run of spaces is its spaces but one, then that); once per
+    analysis."""
+    spaced = passage.analysis.spaced
+    found = spaced.get(_WHOLE)
+    if found is not None:
+        return found
+    segments, tokens = passage.segments, passage.tokens
+    parts = [f" {segments[0].text}"]
+    counts: list[int | None] = [_spaced_first(passage, packing)]
+    for index in range(1, len(segments)):
+        if gaps[index] > 1:
+            parts.append(" " * (gaps[index] - 1))
+            counts.append(None)
+        parts.append(f" {segments[index].text}")
+        counts.append(tokens[index])
+    found = spaced[_WHOLE] = packing.count_known(parts, counts)
+    return found

@@ -183,13 +183,18 @@ def _is_cut(left: str, right: str) -> bool:
 
     tiktoken (cl100k_base, o200k_base) splits text with a regex before merging tokens within
     each piece; a piece may start with a space or end with newlines, but never holds a
-    newline followed by "[", nor a non-space followed by a space.
+    newline followed by "[", nor a non-space followed by a space. Nor a run of blanks ending
+    in a space together with the " word" after it: the run's last space goes with the word
+    (blanks before a non-blank leave it their last space), so a left side ending in a space
+    meets " word" at a cut too.
     """
     if not left or not right:
         return False
     if right[0] == "[":
         return left[-1] == "\n"
-    return right[0] == " " and not left[-1].isspace()
+    if right[0] != " ":
+        return False
+    return not left[-1].isspace() or (left[-1] == " " and right[1:2].strip() != "")
 
 
 def _last_cut(text: str) -> int:
