@@ -206,8 +206,13 @@ class TransactionalWorker:
                     await self.runner.stopping.wait()
                     return
                 self.healthy = True
-                for read in self._claim(batch):
+                # A fetch goes to the engine whole once there is room for all of it: put
+                # event by event, the events trickling in as rounds freed room went to the
+                # engine, and to transactions, a few at a time.
+                reads = self._claim(batch)
+                for _ in reads:
                     await self.delivery.room()
+                for read in reads:
                     arrived.put_nowait(read)
                 if self._fenced:
                     await self._retake_fenced()
