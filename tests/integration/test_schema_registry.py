@@ -76,18 +76,26 @@ def command(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           timeout=120, check=False)
 
 
+def registry_client(registry: Registry) -> SchemaRegistryClient:
+    """confluent-kafka's client with a request timeout: its default waits for ever, so a
+    registry that accepts a connection and never answers would hold the test until pytest's
+    timeout; a timed-out request is retried on a new connection."""
+    return SchemaRegistryClient({"url": registry.url, "timeout": 30})
+
+
 def serialized(registry: Registry, topic: str, lines: list[bytes]) -> list[bytes]:
     """The events as confluent-kafka's JSONSerializer frames them: the id of the contract's
-    schema under <topic>-value, looked up (not registered: `schemas register` did)."""
-    client = SchemaRegistryClient({"url": registry.url})
-    serializer = JSONSerializer(CONTRACT, client, conf={"auto.register.schemas": False})
+    schema under <topic>-value (the topic strategy, as `schemas register` names subjects),
+    looked up, not registered."""
+    serializer = JSONSerializer(CONTRACT, registry_client(registry),
+                                conf={"auto.register.schemas": False,
+                                      "subject.name.strategy.type": "TOPIC"})
     context = SerializationContext(topic, MessageField.VALUE)
     return [serializer(json.loads(line), context) for line in lines]
 
 
 def deserialized(registry: Registry, topic: str, value: bytes) -> object:
-    client = SchemaRegistryClient({"url": registry.url})
-    return JSONDeserializer(None, schema_registry_client=client)(
+    return JSONDeserializer(None, schema_registry_client=registry_client(registry))(
         value, SerializationContext(topic, MessageField.VALUE))
 
 
@@ -179,7 +187,7 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
     await topics.create(broker)
     ids = await asyncio.to_thread(register, broker, topics, schema_registry)
     # A second id, which the worker has not seen when the registry goes down.
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = registry_client(schema_registry)
     other = json.loads(CONTRACT) | {"description": "a second version, for this test"}
     other_id = client.register_schema(f"{topics.input}-other", Schema(json.dumps(other), "JSON"))
     lines = events(30)
@@ -235,7 +243,7 @@ def test_register_registers_nothing_when_a_subjects_rule_refuses_a_schema(
            "ASSEMBLER_INPUT_TOPIC": f"{tag}.in", "ASSEMBLER_PROMPTS_TOPIC": f"{tag}.prompts",
            "ASSEMBLER_AUDIT_TOPIC": f"{tag}.audit", "ASSEMBLER_DLQ_TOPIC": f"{tag}.dlq",
            "ASSEMBLER_POLICIES_TOPIC": f"{tag}.policies"}
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = registry_client(schema_registry)
     earlier = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "RetrievalResult",
                "type": "object", "properties": {"request_id": {"type": "integer"}},
                "required": ["request_id"], "additionalProperties": False}
