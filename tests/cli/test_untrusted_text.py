@@ -58,9 +58,9 @@ GOOD_ID = f"r{HOSTILE}"
 EVENT = hostile_event(GOOD_ID)
 # Rejected: its dead letter or error record quotes the request id and the message.
 BAD = json.dumps({"request_id": f"bad{HOSTILE}", "question": HOSTILE, "chunks": 3}).encode()
-WORKER = HandlerContext.for_worker(
-    Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
-    build_registry(None))
+WORKER = HandlerContext(
+    settings=Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
+    registry=build_registry(None))
 
 
 def published() -> Topics:

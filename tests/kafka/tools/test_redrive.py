@@ -35,9 +35,9 @@ from harness.worker import events
 from tests.factories import naming_policy
 from tests.kafka.tools.replay.fakes import FakeReader, Topics
 
-WORKER = HandlerContext.for_worker(
-    Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
-    build_registry(None))  # no policy allowed: a request naming one is rejected
+WORKER = HandlerContext(
+    settings=Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
+    registry=build_registry(None))  # no policy allowed: a request naming one is rejected
 GOOD = events(8)
 NAMING = [naming_policy(GOOD[-1], "window-8k")]  # a follow-up naming a preset
 BAD = b'{"request_id": "bad-1", "chunks": 3}'

@@ -40,8 +40,9 @@ def published_topics(*, publish: bool = True) -> Topics:
     """Input "in" (partition 0: three events and a bad one; partition 1: three events), and
     what the worker published for them on "p" (prompts), "a" (audits) and "d" (DLQ)."""
     topics = Topics()
-    worker = HandlerContext.for_worker(
-        Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"), REGISTRY)
+    worker = HandlerContext(
+        settings=Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
+        registry=REGISTRY)
     inputs = [(0, GOOD[0]), (0, GOOD[1]), (0, GOOD[2]), (0, BAD),
               (1, GOOD[3]), (1, GOOD[4]), (1, GOOD[5])]
     for n, (partition, raw) in enumerate(inputs):

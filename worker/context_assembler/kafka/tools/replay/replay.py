@@ -259,18 +259,14 @@ async def _replay_spans(
 
 
 def _handler_context(request: ReplayRequest, registry: PolicyRegistry) -> HandlerContext:
-    """The worker's handling under `registry`, but outputs bound for --to-topic (if any),
-    and dead letters for no topic: a replay writes rejections to --errors only."""
-    to_topic = request.to_topic
-    return HandlerContext(
-        registry=registry,
-        limits=request.settings.limits,
-        prompts_topic=to_topic or request.settings.prompts_topic,
-        audit_topic=request.to_audit_topic
-        or (f"{to_topic}.audit" if to_topic else request.settings.audit_topic),
-        dlq_topic="dead-letters",
-        worker="replay",
-    )
+    """The worker's handling under `registry`, but outputs bound for --to-topic (if any); a
+    replay writes rejections to --errors only, never to the dead-letter topic."""
+    settings, to_topic = request.settings, request.to_topic
+    if to_topic:
+        settings = settings.model_copy(update={
+            "prompts_topic": to_topic,
+            "audit_topic": request.to_audit_topic or f"{to_topic}.audit"})
+    return HandlerContext(settings=settings, registry=registry)
 
 
 @asynccontextmanager
