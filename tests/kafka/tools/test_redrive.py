@@ -16,7 +16,7 @@ from context_assembler.contract.models import RejectReason
 from context_assembler.intake.codec import RejectedInput
 from context_assembler.intake.policy_registry import build_registry
 from context_assembler.kafka import clients
-from context_assembler.kafka.clients import KafkaSecurity
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.records import (
     ERR,
     TRUNCATED,
@@ -79,9 +79,9 @@ def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
     topics = Topics()
     for raw in [*NAMING, BAD]:
         reject(topics, raw, (("traceparent", b"00-abc-def-01"),))
-    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda clients: FakeReader(topics))
 
-    async def exists(servers: str, topic: str, security: KafkaSecurity) -> None:
+    async def exists(clients: KafkaClients, topic: str) -> None:
         pass
 
     monkeypatch.setattr(module, "check_topic", exists)

@@ -63,7 +63,7 @@ def topics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Topics:
     worker_run(topics, tight(tmp_path), GOOD[4:], 4)
     for topic in ("p", "a", "d"):
         topics.partition(topic, 0)
-    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda clients: FakeReader(topics))
     return topics
 
 
