@@ -14,8 +14,8 @@ from context_assembler.settings import load_settings
 
 def passthrough(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
     records = (
-        OutRecord(context.prompts_topic, origin.key, raw, ()),
-        OutRecord(context.audit_topic, origin.key, raw, ()),
+        OutRecord(context.settings.prompts_topic, origin.key, raw, ()),
+        OutRecord(context.settings.audit_topic, origin.key, raw, ()),
     )
     return Outcome(records, None, None)
 

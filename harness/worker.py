@@ -14,7 +14,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -157,6 +158,31 @@ class StartWorker(Protocol):
     def __call__(self, topics: Topics, guarantee: str = "at_least_once", *,
                  log: str = "worker", env: dict[str, str] | None = None,
                  broker: Broker | None = None, ready: bool = True) -> WorkerProcess: ...
+
+
+@contextmanager
+def started_workers(default_broker: Callable[[], Broker], logs: Path) -> Iterator[StartWorker]:
+    """Starts `context-assembler worker` on `topics` (log in logs/<log>.log), on
+    `default_broker()` unless told another, and by default waits until it is ready. Every
+    worker it started is stopped on leaving, whatever was done to it (stopped, killed, left
+    running), so a failure leaves no process behind."""
+    started: list[WorkerProcess] = []
+
+    def start(topics: Topics, guarantee: str = "at_least_once", *, log: str = "worker",
+              env: dict[str, str] | None = None, broker: Broker | None = None,
+              ready: bool = True) -> WorkerProcess:
+        worker = WorkerProcess(broker or default_broker(), topics, logs / f"{log}.log",
+                               guarantee=guarantee, extra_env=env or {})
+        started.append(worker.start())
+        if ready:
+            worker.wait_ready()
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
 
 
 async def produce(broker: Broker, topic: str,

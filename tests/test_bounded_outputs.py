@@ -17,6 +17,7 @@ from context_assembler.engine.policy import policy_from_mapping
 from context_assembler.intake.codec import MESSAGE_CHARS, Limits, RejectedInput
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import HandlerContext, Origin, handle
+from context_assembler.settings import Settings
 
 RATIO, SLACK = 20, 16 * 1024  # outputs <= RATIO * input + SLACK bytes
 LIMITS = Limits()
@@ -29,9 +30,9 @@ def _context(form: str) -> HandlerContext:
     roomy = policy_from_mapping({"budget": {"context_tokens": 2_000_000, "window": None},
                                  "render": {"format": form}})
     # Large enough to take any output whole, so its size is measured rather than capped.
-    return HandlerContext(registry=PolicyRegistry(roomy), limits=LIMITS, prompts_topic="p",
-                          audit_topic="a", dlq_topic="d", worker="w",
-                          max_message_bytes=1 << 30)
+    settings = Settings(prompts_topic="p", audit_topic="a", dlq_topic="d", group_id="w",
+                        max_message_bytes=1 << 30)
+    return HandlerContext(settings=settings, registry=PolicyRegistry(roomy))
 
 
 CONTEXTS = {form: _context(form) for form in FORMATS}

@@ -43,8 +43,8 @@ def test_usage_errors_are_refused_before_connecting(
 
 def test_explain_kafka_says_what_is_not_recorded(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    async def nothing_recorded(servers: str, topic: str, request_id: str, from_ms: int | None,
-                               security: object) -> None:
+    async def nothing_recorded(clients: object, topic: str, request_id: str,
+                               from_ms: int | None) -> None:
         raise replay.NotRecorded(f"no audit for request {request_id!r} on {topic}")
 
     monkeypatch.setattr(replay, "find_recorded", nothing_recorded)

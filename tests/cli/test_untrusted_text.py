@@ -12,13 +12,12 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from context_assembler.cli.main import main
 from context_assembler.intake.policy_registry import build_registry
-from context_assembler.kafka.clients import KafkaSecurity
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.records import HandlerContext, Origin, handle
 from context_assembler.kafka.tools import policies_topic as policies_module
 from context_assembler.kafka.tools import produce as produce_module
@@ -58,9 +57,9 @@ GOOD_ID = f"r{HOSTILE}"
 EVENT = hostile_event(GOOD_ID)
 # Rejected: its dead letter or error record quotes the request id and the message.
 BAD = json.dumps({"request_id": f"bad{HOSTILE}", "question": HOSTILE, "chunks": 3}).encode()
-WORKER = HandlerContext.for_worker(
-    Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
-    build_registry(None))
+WORKER = HandlerContext(
+    settings=Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
+    registry=build_registry(None))
 
 
 def published() -> Topics:
@@ -85,19 +84,19 @@ def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
     for name, topic in TOPICS.items():
         monkeypatch.setenv(f"ASSEMBLER_{name}_TOPIC", topic)
 
-    def fake_reader(servers: str, security: KafkaSecurity | None = None) -> FakeReader:
+    def fake_reader(clients: KafkaClients) -> FakeReader:
         return FakeReader(topics)
 
     for module in (replay_module, redrive_module, policies_module, reader_module):
         monkeypatch.setattr(module, "TopicReader", fake_reader)
 
-    async def exists(servers: str, topic: str, security: KafkaSecurity) -> None:
+    async def exists(clients: KafkaClients, topic: str) -> None:
         pass
 
     monkeypatch.setattr(redrive_module, "check_topic", exists)
 
-    async def produce(servers: str, topic: str, lines: Iterable[bytes],
-                      *_: Any) -> list[tuple[int, int]]:
+    async def produce(clients: KafkaClients, topic: str, lines: Iterable[bytes]
+                      ) -> list[tuple[int, int]]:
         """Each line onto `topic`, and at once its dead letter, as a worker would answer."""
         sent = []
         for line in lines:

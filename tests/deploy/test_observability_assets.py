@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from context_assembler.engine.policy import Policy
-from context_assembler.intake.codec import Limits
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import HandlerContext, Origin, handle
 from context_assembler.observability.metrics import Metrics
+from context_assembler.settings import Settings
 from tests.factories import EXAMPLES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,8 +43,9 @@ MATCHERS = re.compile(r"(context_assembler_[a-z_]+)\{([^}]*)\}")
 def exported() -> dict[str, set[str]]:
     """Each series name the worker's /metrics can show, with its label names."""
     metrics = Metrics()
-    context = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(),
-                             prompts_topic="p", audit_topic="a", dlq_topic="d", worker="w")
+    context = HandlerContext(settings=Settings(prompts_topic="p", audit_topic="a",
+                                               dlq_topic="d", group_id="w"),
+                             registry=PolicyRegistry(Policy()))
     for raw in ((EXAMPLES / "events.jsonl").read_bytes().splitlines()[0], b"{bad"):
         outcome = handle(raw, Origin("in", 0, 0, None, (), None), context)
         metrics.observe(outcome.assembly, outcome.rejected, 0.001)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 
 from harness.kafka import Broker, running_broker
 from harness.registry import Registry, running_registry
-from harness.worker import Topics, WorkerProcess
+from harness.worker import StartWorker, started_workers
 
 
 @pytest.fixture(scope="session")
@@ -31,30 +30,8 @@ def logs(tmp_path: Path) -> Path:
     return tmp_path
 
 
-class StartWorker(Protocol):
-    def __call__(self, topics: Topics, guarantee: str = "at_least_once", *,
-                 log: str = "worker", env: dict[str, str] | None = None,
-                 broker: Broker | None = None, ready: bool = True) -> WorkerProcess: ...
-
-
 @pytest.fixture
 def running_worker(request: pytest.FixtureRequest, logs: Path) -> Iterator[StartWorker]:
-    """Starts `context-assembler worker` on `topics` (log in logs/<log>.log), on the session's
-    broker unless told another, and by default waits until it is ready. Every worker it
-    started is stopped after the test, whatever the test did to it (stopped, killed, left
-    running), so a failing test leaves no process behind."""
-    started: list[WorkerProcess] = []
-
-    def start(topics: Topics, guarantee: str = "at_least_once", *, log: str = "worker",
-              env: dict[str, str] | None = None, broker: Broker | None = None,
-              ready: bool = True) -> WorkerProcess:
-        worker = WorkerProcess(broker or request.getfixturevalue("broker"), topics,
-                               logs / f"{log}.log", guarantee=guarantee, extra_env=env or {})
-        started.append(worker.start())
-        if ready:
-            worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+    """Workers on the session's broker unless told another, stopped after the test."""
+    with started_workers(lambda: request.getfixturevalue("broker"), logs) as start:
+        yield start

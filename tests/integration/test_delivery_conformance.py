@@ -20,7 +20,6 @@ from harness.kafka import Broker
 from harness.worker import (
     StartWorker,
     Topics,
-    WorkerProcess,
     events,
     keyed,
     produce,
@@ -170,21 +169,15 @@ async def test_a_worker_joining_mid_stream_redoes_nothing(
     topics = Topics.fresh()
     await topics.create(broker, partitions=6)
     lines = events(400)
-    first = running_worker(topics, guarantee, log="first", ready=False)
-    second = WorkerProcess(broker, topics, logs / "second.log", guarantee=guarantee)
-    try:
-        first.wait_ready()
-        # A steady stream, 20 events every 0.5 s, so the rebalance falls in the middle of it.
-        stream = asyncio.create_task(produce_slowly(broker, topics, lines, 20, 0.5))
-        await wait_for(lambda: first.metric(ASSEMBLED) >= 60)
-        second.start()
-        await asyncio.to_thread(second.wait_ready)  # partitions assigned: rebalance over
-        await stream
-        await answered_once(broker, topics, lines, guarantee)
-        assert second.metric(ASSEMBLED) > 0, "the rebalance came too late to test anything"
-    finally:
-        first.stop()
-        second.stop()
+    first = running_worker(topics, guarantee, log="first")
+    # A steady stream, 20 events every 0.5 s, so the rebalance falls in the middle of it.
+    stream = asyncio.create_task(produce_slowly(broker, topics, lines, 20, 0.5))
+    await wait_for(lambda: first.metric(ASSEMBLED) >= 60)
+    second = running_worker(topics, guarantee, log="second", ready=False)
+    await asyncio.to_thread(second.wait_ready)  # partitions assigned: rebalance over
+    await stream
+    await answered_once(broker, topics, lines, guarantee)
+    assert second.metric(ASSEMBLED) > 0, "the rebalance came too late to test anything"
 
 
 async def produce_slowly(broker: Broker, topics: Topics, lines: list[bytes], batch: int,

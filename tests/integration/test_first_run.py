@@ -23,7 +23,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from context_assembler.contract.catalogue import LONG_RETENTION_MS, OUTPUT_RETENTION_MS
 from context_assembler.settings import Settings
 from harness.kafka import Broker
-from harness.worker import Topics, WorkerProcess
+from harness.worker import StartWorker, Topics, WorkerProcess
 from tests.support.doc_blocks import (
     BlockRun,
     block_id,
@@ -116,15 +116,14 @@ def test_produce_to_a_missing_topic_is_one_line(broker: Broker) -> None:
 
 
 def test_a_worker_without_its_topics_says_why_it_is_not_ready(
-    broker: Broker, tmp_path: Path
+    broker: Broker, logs: Path, running_worker: StartWorker
 ) -> None:
     """One clear log line and /ready's reason; JSON logs without terminal escape codes; the
     temp dir faust insists on is gone after SIGTERM."""
     topics = Topics.fresh()
-    temp = tmp_path / "tmp"
+    temp = logs / "tmp"
     temp.mkdir()
-    log_path = tmp_path / "worker.log"
-    worker = WorkerProcess(broker, topics, log_path, extra_env={"TMPDIR": str(temp)}).start()
+    worker = running_worker(topics, env={"TMPDIR": str(temp)}, ready=False)
     try:
         # First it records its policies, and says so while their topic is missing.
         status, body = ready_reason(worker, starting="not consuming yet: cannot record the "
@@ -143,7 +142,7 @@ def test_a_worker_without_its_topics_says_why_it_is_not_ready(
         time.sleep(6)  # another check of the topics: logged once all the same
     finally:
         assert worker.stop() == 0, worker.log_tail()
-    output = log_path.read_bytes()
+    output = worker.log_path.read_bytes()
     assert b"\x1b" not in output
     entries = [json.loads(line) for line in output.splitlines()]  # every line is JSON
     about_input = [e for e in entries

@@ -18,11 +18,11 @@ from harness.kafka import Broker
 from harness.worker import (
     ALLOWED_POLICIES,
     Topics,
-    WorkerProcess,
     events,
     keyed,
     produce,
     read_topic,
+    started_workers,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -51,18 +51,16 @@ def two_policies(broker: Broker, tmp_path_factory: pytest.TempPathFactory
     first, second = lines[:8], lines[8:]
 
     async def batch(lines: list[bytes], total: int, env: dict[str, str], log: str) -> None:
-        worker = WorkerProcess(broker, topics, folder / log, extra_env=env).start()
-        try:
-            worker.wait_ready()
+        with started_workers(lambda: broker, folder) as start:
+            worker = start(topics, log=log, env=env)
             await produce(broker, topics.input, keyed(lines))
             await read_topic(broker, topics.audit, until=total, timeout=90)
-        finally:
             assert worker.stop() == 0, worker.log_tail()
 
     async def run() -> TwoPolicies:
         await topics.create(broker)
-        await batch(first, 8, {}, "a.log")
-        await batch(second, 16, {"ASSEMBLER_POLICY_FILE": str(tight)}, "b.log")
+        await batch(first, 8, {}, "a")
+        await batch(second, 16, {"ASSEMBLER_POLICY_FILE": str(tight)}, "b")
         records = await read_topic(broker, topics.policies, until=3, settle=1)
         return TwoPolicies(
             topics, first, second, tight, build_registry(None).default.hash,

@@ -17,11 +17,11 @@ from harness.kafka import Broker
 from harness.worker import (
     ALLOWED_POLICIES,
     Topics,
-    WorkerProcess,
     events,
     keyed,
     produce,
     read_topic,
+    started_workers,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -56,9 +56,8 @@ def published(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
     async def publish() -> Published:
         await topics.create(broker)
-        worker = WorkerProcess(broker, topics, tmp_path_factory.mktemp("w") / "worker.log").start()
-        try:
-            worker.wait_ready()
+        with started_workers(lambda: broker, tmp_path_factory.mktemp("w")) as start:
+            worker = start(topics)
             await produce(broker, topics.input, keyed(first))
             await read_topic(broker, topics.audit, until=12, timeout=60)
             await asyncio.sleep(1.0)
@@ -67,7 +66,6 @@ def published(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
             await produce(broker, topics.input, keyed(second))
             prompts = await read_topic(broker, topics.prompts, until=24, settle=1)
             audits = await read_topic(broker, topics.audit, until=24, settle=1)
-        finally:
             assert worker.stop() == 0
         return Published(topics, first, second, between,
                          {r.key.decode(): r.value for r in prompts},

@@ -18,7 +18,6 @@ from harness.secured import ASSEMBLER, MTLS_CN, SecuredBroker, unsigned_token
 from harness.worker import (
     StartWorker,
     Topics,
-    WorkerProcess,
     events,
     file_mode,
     keyed,
@@ -105,7 +104,6 @@ async def test_the_worker_answers_with_only_the_documented_acls_byte_equal_to_fi
     }[transport]()
     await grant(secured, principal, acls_of(topics, guarantee))
     lines = events(24)
-    log = tmp_path / "worker.log"
     worker = running_worker(topics, guarantee, env=env, broker=secured)
     try:
         await produce(secured, topics.input, keyed(lines))
@@ -121,23 +119,20 @@ async def test_the_worker_answers_with_only_the_documented_acls_byte_equal_to_fi
         assert worker.get("/ready")[0] == 200
     finally:
         assert worker.stop() == 0
-    assert_no_secret(secured, log)
+    assert_no_secret(secured, worker.log_path)
 
 
-def failed_start(secured: SecuredBroker, tmp_path: Path, env: dict[str, str]) -> str:
+def failed_start(secured: SecuredBroker, running_worker: StartWorker, env: dict[str, str]) -> str:
     """The worker's log, once it has exited non-zero on its own (before joining its group)."""
-    topics = Topics.fresh()
-    log = tmp_path / "worker.log"
-    worker = WorkerProcess(secured, topics, log, extra_env=env).start()
+    worker = running_worker(Topics.fresh(), env=env, broker=secured, ready=False)
     assert worker.process is not None
     try:
         status = worker.process.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        worker.stop()
         pytest.fail(f"the worker kept running; log:\n{worker.log_tail()}")
     assert status == 2, worker.log_tail()
-    assert_no_secret(secured, log)
-    text = log.read_text("utf-8", "replace")
+    assert_no_secret(secured, worker.log_path)
+    text = worker.log_path.read_text("utf-8", "replace")
     assert "Traceback" not in text
     return text
 
@@ -153,6 +148,7 @@ def failed_start(secured: SecuredBroker, tmp_path: Path, env: dict[str, str]) ->
 ])
 async def test_a_refused_connection_stops_the_worker_at_start_with_one_line_naming_the_fix(
     secured: SecuredBroker, tmp_path: Path, case: str, expected: str,
+    running_worker: StartWorker,
 ) -> None:
     if case == "wrong password":
         env = scram_env(secured, tmp_path, password="not-the-password")
@@ -167,7 +163,7 @@ async def test_a_refused_connection_stops_the_worker_at_start_with_one_line_nami
         env = msk_iam_env(secured, tmp_path)
     else:
         env = {**mtls_env(secured), "ASSEMBLER_SSL_CERT_FILE": "", "ASSEMBLER_SSL_KEY_FILE": ""}
-    text = failed_start(secured, tmp_path, env)
+    text = failed_start(secured, running_worker, env)
     problems = [line for line in text.splitlines() if "cannot start" in line]
     assert len(problems) == 1, text
     assert expected in problems[0]
@@ -196,7 +192,7 @@ def msk_iam_env(broker: SecuredBroker, tmp_path: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("missing", ["audit topic", "group"])
 async def test_a_missing_acl_at_start_names_the_resource_and_the_acls_command(
-    secured: SecuredBroker, tmp_path: Path, missing: str,
+    secured: SecuredBroker, tmp_path: Path, missing: str, running_worker: StartWorker,
 ) -> None:
     """A topic the worker may not DESCRIBE, or a group it may not READ (where faust would
     wait silently), stops it before it joins the group."""
@@ -205,11 +201,12 @@ async def test_a_missing_acl_at_start_names_the_resource_and_the_acls_command(
     withheld = topics.audit if missing == "audit topic" else topics.group
     acls = [acl for acl in acls_of(topics, "at_least_once") if acl.name != withheld]
     await grant(secured, SCRAM_PRINCIPAL, acls)
-    log = tmp_path / "worker.log"
-    worker = WorkerProcess(secured, topics, log, extra_env=scram_env(secured, tmp_path)).start()
+    worker = running_worker(topics, env=scram_env(secured, tmp_path), broker=secured,
+                            ready=False)
     assert worker.process is not None
     assert worker.process.wait(timeout=60) == 2, worker.log_tail()
-    (problem,) = [line for line in log.read_text().splitlines() if "cannot start" in line]
+    (problem,) = [line for line in worker.log_path.read_text().splitlines()
+                  if "cannot start" in line]
     expected = {"audit topic": f"not authorized to DESCRIBE topics {topics.audit}",
                 "group": f"not authorized to READ group {topics.group}"}[missing]
     assert expected in problem
@@ -264,7 +261,6 @@ async def test_write_revoked_on_the_audit_topic_then_granted_again_loses_nothing
     await grant(secured, SCRAM_PRINCIPAL, acls_of(topics, guarantee))
     audit_write = [("TOPIC", topics.audit, "LITERAL", "WRITE")]
     lines = events(12)
-    log = tmp_path / "worker.log"
     worker = running_worker(topics, guarantee, env=scram_env(secured, tmp_path), broker=secured)
     committed = guarantee == "exactly_once"
     try:
@@ -290,4 +286,4 @@ async def test_write_revoked_on_the_audit_topic_then_granted_again_loses_nothing
         assert await read_topic(secured, topics.dlq, until=1, timeout=2) == []
     finally:
         assert worker.stop() == 0
-    assert_no_secret(secured, log)
+    assert_no_secret(secured, worker.log_path)

@@ -41,20 +41,17 @@ async def test_a_resumed_zombie_is_fenced_and_every_request_is_answered_once(
     await topics.create(broker, partitions=PARTITIONS)
     lines = events(EVENTS)
     env = {"ASSEMBLER_SESSION_TIMEOUT_SECONDS": str(SESSION_TIMEOUT)}
-    zombie = running_worker(topics, "exactly_once", log="zombie", env=env, ready=False)
-    heir = WorkerProcess(broker, topics, logs / "heir.log", guarantee="exactly_once",
-                         extra_env=env)
+    zombie = running_worker(topics, "exactly_once", log="zombie", env=env)
+    assert zombie.process is not None
     try:
-        zombie.wait_ready()
         await produce(broker, topics.input, keyed(lines))
         # Paused mid-backlog: a batch is being assembled or committed, never all of them.
         await wait_for(lambda: zombie.metric("context_assembler_events_total") >= EVENTS // 10)
-        assert zombie.process is not None
         os.kill(zombie.process.pid, signal.SIGSTOP)
         log_before_pause = zombie.log_path.read_text()
         # The heir's join waits for the zombie's session to expire, then takes every partition:
         # the zombie is out of the group, and does not know it.
-        heir.start()
+        heir = running_worker(topics, "exactly_once", log="heir", env=env, ready=False)
         await wait_for(lambda: heir.alive() and _metric(heir, "assigned_partitions") == PARTITIONS,
                        timeout=90)
         os.kill(zombie.process.pid, signal.SIGCONT)
@@ -65,10 +62,9 @@ async def test_a_resumed_zombie_is_fenced_and_every_request_is_answered_once(
                                   timeout=60, settle=1.0)
         assert zombie.alive(), f"the zombie exited; log:\n{zombie.log_tail()}"
     finally:
-        for proc in (zombie, heir):
-            if proc.process is not None and proc.alive():
-                os.kill(proc.process.pid, signal.SIGCONT)
-                proc.stop()
+        if zombie.alive():  # a paused worker cannot stop: resumed first (the heir: the fixture)
+            os.kill(zombie.process.pid, signal.SIGCONT)
+            zombie.stop()
 
     expected_prompts, expected_audits = file_mode(lines)
     zombie_log = zombie.log_path.read_text()[len(log_before_pause):]

@@ -31,11 +31,12 @@ from context_assembler.kafka.records import (
     record_size,
     value_of,
 )
-from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
+from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, Settings
 from tests.factories import EXAMPLES
 
-CONTEXT = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(), prompts_topic="prompts",
-                         audit_topic="audit", dlq_topic="dlq", worker="context-assembler")
+CONTEXT = HandlerContext(settings=Settings(prompts_topic="prompts", audit_topic="audit",
+                                           dlq_topic="dlq", group_id="context-assembler"),
+                         registry=PolicyRegistry(Policy()))
 GOOD = (EXAMPLES / "events.jsonl").read_bytes().splitlines()[0]
 
 
@@ -137,7 +138,9 @@ def test_record_size_is_the_producers_own_estimate() -> None:
 
 
 def context(max_message_bytes: int) -> HandlerContext:
-    return replace(CONTEXT, max_message_bytes=max_message_bytes)
+    """CONTEXT with records up to `max_message_bytes`, below what an operator may set."""
+    settings = CONTEXT.settings.model_copy(update={"max_message_bytes": max_message_bytes})
+    return replace(CONTEXT, settings=settings)
 
 
 def test_an_output_over_max_message_bytes_makes_the_event_an_output_too_large_dead_letter() -> None:
@@ -306,14 +309,11 @@ def test_a_null_header_value_is_dead_lettered_not_a_crash() -> None:
     assert dict(letter.headers)["x"] == b""
 
 
-def test_the_worker_builds_its_handler_context_from_its_settings_in_one_place() -> None:
-    from context_assembler.settings import Settings
-
+def test_the_handler_context_reads_the_settings_limits_once_and_keeps_them_on_replace() -> None:
     settings = Settings(prompts_topic="p", audit_topic="a", dlq_topic="d", group_id="g",
                         max_chunks=7, max_message_bytes=500_000)
-    context = HandlerContext.for_worker(settings, CONTEXT.registry)
-    assert context == HandlerContext(registry=CONTEXT.registry, limits=Limits(max_chunks=7),
-                                     prompts_topic="p", audit_topic="a", dlq_topic="d",
-                                     worker="g", max_message_bytes=500_000)
+    context = HandlerContext(settings=settings, registry=CONTEXT.registry)
+    assert context.limits == Limits(max_chunks=7)
+    assert replace(context, schemas={}).limits == Limits(max_chunks=7)
     with pytest.raises(TypeError):
-        HandlerContext(CONTEXT.registry, Limits(), "p", "a", "d", "w")  # type: ignore[call-arg]
+        HandlerContext(settings, CONTEXT.registry)  # type: ignore[call-arg]

@@ -20,6 +20,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka import clients
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.runtime.faust_app import _ConsumerThread
 from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tools.reader import Span, TopicReader
@@ -171,7 +172,7 @@ class CodecTopicConsumer:
 
 
 async def test_a_reading_command_stops_with_the_same_reason(without_cramjam: bytes) -> None:
-    reader = TopicReader("127.0.0.1:9")
+    reader = TopicReader(KafkaClients("127.0.0.1:9"))
     reader._consumer = CodecTopicConsumer(without_cramjam)
     with pytest.raises(Undecodable, match=r"snappy-compressed records of in: the cramjam"):
         async for _ in reader.read("in", [Span(0, 0, 3)]):

@@ -4,16 +4,17 @@ per reason: the totals must be those of counting every chunk one by one."""
 from collections import Counter
 
 from context_assembler.engine.policy import Policy
-from context_assembler.intake.codec import Limits
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import HandlerContext, Origin, handle
 from context_assembler.observability.metrics import Metrics
+from context_assembler.settings import Settings
 from tests.factories import EXAMPLES, chunk, event
 
 
 def test_chunk_and_token_totals_are_the_sums_over_every_audit() -> None:
-    context = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(), prompts_topic="p",
-                             audit_topic="a", dlq_topic="d", worker="w")
+    context = HandlerContext(settings=Settings(prompts_topic="p", audit_topic="a",
+                                               dlq_topic="d", group_id="w"),
+                             registry=PolicyRegistry(Policy()))
     metrics = Metrics()
     decisions: Counter[str] = Counter()
     tokens: Counter[str] = Counter()

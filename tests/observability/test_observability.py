@@ -6,7 +6,6 @@ import urllib.request
 import pytest
 
 from context_assembler.engine.policy import Policy
-from context_assembler.intake.codec import Limits
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.kafka.records import HandlerContext, Origin, handle
 from context_assembler.observability.http import HealthServer, ListenError
@@ -18,8 +17,9 @@ from tests.factories import EXAMPLES
 
 
 def observe(metrics: Metrics, raw: bytes, seconds: float) -> None:
-    context = HandlerContext(registry=PolicyRegistry(Policy()), limits=Limits(), prompts_topic="p",
-                             audit_topic="a", dlq_topic="d", worker="w")
+    context = HandlerContext(settings=Settings(prompts_topic="p", audit_topic="a",
+                                               dlq_topic="d", group_id="w"),
+                             registry=PolicyRegistry(Policy()))
     outcome = handle(raw, Origin("in", 0, 0, None, (), None), context)
     metrics.observe(outcome.assembly, outcome.rejected, seconds)
 

@@ -15,7 +15,7 @@ import pytest
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.policy_registry import load_preset
 from context_assembler.intake.recorded_policies import record_bytes
-from context_assembler.kafka.clients import KafkaSecurity
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.records import SkippedBatch
 from context_assembler.kafka.tools import policies_topic as module
 from context_assembler.kafka.tools.policies_topic import publish_at_start, read_policies
@@ -33,13 +33,12 @@ def test_a_missing_topic_is_logged_once_and_waited_for(
     checks: list[str] = []
     published: list[list[str]] = []
 
-    async def check(servers: str, topic: str, security: KafkaSecurity) -> None:
+    async def check(clients: KafkaClients, topic: str) -> None:
         checks.append(topic)
         if len(checks) < 4:
             raise missing_topic(topic)
 
-    async def publish(servers: str, topic: str, policies: Sequence[Policy], size: int,
-                      compression: str | None, security: KafkaSecurity,
+    async def publish(clients: KafkaClients, topic: str, policies: Sequence[Policy],
                       schema_id: int | None) -> None:
         published.append([p.hash for p in policies])
 
@@ -55,7 +54,7 @@ def test_a_missing_topic_is_logged_once_and_waited_for(
 
 
 def test_stopping_while_waiting_publishes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def check(servers: str, topic: str, security: KafkaSecurity) -> None:
+    async def check(clients: KafkaClients, topic: str) -> None:
         raise missing_topic(topic)
 
     async def run() -> bool:

@@ -16,7 +16,7 @@ from context_assembler.contract.models import RejectReason
 from context_assembler.intake.codec import RejectedInput
 from context_assembler.intake.policy_registry import build_registry
 from context_assembler.kafka import clients
-from context_assembler.kafka.clients import KafkaSecurity
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.records import (
     ERR,
     TRUNCATED,
@@ -35,9 +35,9 @@ from harness.worker import events
 from tests.factories import naming_policy
 from tests.kafka.tools.replay.fakes import FakeReader, Topics
 
-WORKER = HandlerContext.for_worker(
-    Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
-    build_registry(None))  # no policy allowed: a request naming one is rejected
+WORKER = HandlerContext(
+    settings=Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
+    registry=build_registry(None))  # no policy allowed: a request naming one is rejected
 GOOD = events(8)
 NAMING = [naming_policy(GOOD[-1], "window-8k")]  # a follow-up naming a preset
 BAD = b'{"request_id": "bad-1", "chunks": 3}'
@@ -79,9 +79,9 @@ def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
     topics = Topics()
     for raw in [*NAMING, BAD]:
         reject(topics, raw, (("traceparent", b"00-abc-def-01"),))
-    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda clients: FakeReader(topics))
 
-    async def exists(servers: str, topic: str, security: KafkaSecurity) -> None:
+    async def exists(clients: KafkaClients, topic: str) -> None:
         pass
 
     monkeypatch.setattr(module, "check_topic", exists)

@@ -17,9 +17,9 @@ from harness.worker import events
 from tests.kafka.tools.replay.fakes import FakeReader, Topics, record
 
 T = 1_764_547_200_000
-WORKER = HandlerContext.for_worker(
-    Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
-    build_registry(None))
+WORKER = HandlerContext(
+    settings=Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
+    registry=build_registry(None))
 GOOD = events(3)
 BAD = b'{"request_id": "bad-1", "chunks": 3}'
 

@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaConnectionError, UnknownTopicOrPartitionError
 
 from context_assembler.cli.main import main
 from context_assembler.kafka import clients
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.tools import topics
 from context_assembler.kafka.tools.topics import TopicReport, TopicWatch, topic_watch, worker_topics
 from context_assembler.observability.http import HealthServer
@@ -122,7 +123,7 @@ async def test_a_missing_topic_is_logged_once_and_is_the_ready_reason(
 ) -> None:
     monkeypatch.setattr(clients, "AIOKafkaAdminClient", FakeAdmin)
     monkeypatch.setattr(FakeAdmin, "existing", {"out"})
-    watch = TopicWatch("broker:9092", ["in", "out"], interval=0.01)
+    watch = TopicWatch(KafkaClients("broker:9092"), ["in", "out"], interval=0.01)
     server = HealthServer(lambda: b"", lambda: not watch.missing, "127.0.0.1", 0, watch.reason)
     await server.start()
     caplog.set_level(logging.INFO, logger="context_assembler.kafka.tools.topics")
@@ -166,7 +167,7 @@ async def test_a_refused_connection_at_run_time_is_logged_once_and_is_the_ready_
     monkeypatch.setattr(clients, "AIOKafkaAdminClient", RefusingAdmin)
     monkeypatch.setattr(topics, "connection_problem", diagnose)
     monkeypatch.setattr(FakeAdmin, "existing", {"in"})
-    watch = TopicWatch("broker:9092", ["in"], interval=0.01)
+    watch = TopicWatch(KafkaClients("broker:9092"), ["in"], interval=0.01)
     caplog.set_level(logging.INFO, logger="context_assembler.kafka.tools.topics")
     watching = asyncio.create_task(watch.run())
     try:
@@ -245,7 +246,7 @@ def test_ready_gives_first_the_reason_an_operator_must_fix() -> None:
 
     from context_assembler.kafka.runtime.worker import not_ready_reason
 
-    watch = TopicWatch("broker:9092", ["in"])
+    watch = TopicWatch(KafkaClients("broker:9092"), ["in"])
     stuck = SimpleNamespace(blocked="prompts: TopicAuthorizationFailedError")
     flowing = SimpleNamespace(blocked=None)
     # Before the broker has described the topics once, a topic may be missing: not ready.

@@ -119,13 +119,12 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     one exists with other partitions, replication or configs (reported, left as it is)."""
     import asyncio
 
-    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.clients import KafkaClients
     from context_assembler.kafka.tools.topics import create_topics, worker_topics
 
     quiet_kafka_client(settings)
     specs = worker_topics(settings, *topic_sizes(args))
-    reports = asyncio.run(create_topics(settings.bootstrap_servers, specs,
-                                        kafka_security(settings)))
+    reports = asyncio.run(create_topics(KafkaClients.of(settings), specs))
     for report in reports:
         print(report.render())
     return 1 if any(r.status == "differs" for r in reports) else 0
@@ -172,22 +171,21 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     letter (1 if some have neither after --timeout)."""
     import asyncio
 
-    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.clients import KafkaClients
     from context_assembler.kafka.tools.produce import produce
     from context_assembler.kafka.tools.reader import TopicReader
     from context_assembler.kafka.tools.tail import output_ends, wait_for_answers
 
     quiet_kafka_client(settings)
-    servers, topic = settings.bootstrap_servers, settings.input_topic
-    compression, security = settings.producer_compression, kafka_security(settings)
+    clients, topic = KafkaClients.of(settings), settings.input_topic
 
     async def send(lines: Iterable[bytes]) -> Answers | None:
         if not args.wait:
-            report_sent(len(await produce(servers, topic, lines, compression, security)), topic)
+            report_sent(len(await produce(clients, topic, lines)), topic)
             return None
-        async with TopicReader(servers, security) as reader:
+        async with TopicReader(clients) as reader:
             starts = await output_ends(reader, [settings.prompts_topic, settings.dlq_topic])
-            sent = await produce(servers, topic, lines, compression, security)
+            sent = await produce(clients, topic, lines)
             report_sent(len(sent), topic)
             return await wait_for_answers(reader, starts, settings.prompts_topic,
                                           [(topic, p, o) for p, o in sent], args.timeout)
@@ -241,7 +239,7 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
     --follow, new ones as they come until Ctrl-C."""
     import asyncio
 
-    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.clients import KafkaClients
     from context_assembler.kafka.tools.reader import TopicReader
     from context_assembler.kafka.tools.tail import tail
 
@@ -255,7 +253,7 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
         print(line, flush=True)
 
     async def read() -> None:
-        async with TopicReader(settings.bootstrap_servers, kafka_security(settings)) as reader:
+        async with TopicReader(KafkaClients.of(settings)) as reader:
             await tail(reader, args.output, topic, args.lines, args.follow, write)
 
     asyncio.run(read())
@@ -359,13 +357,12 @@ def recorded_policies(args: argparse.Namespace, settings: Settings) -> RecordedP
     """The policy records of --policies F, else of the policies topic."""
     import asyncio
 
-    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.clients import KafkaClients
     from context_assembler.kafka.tools.policies_topic import fetch_policies
 
     if args.policies:
         return read_records_file(args.policies)
-    return asyncio.run(fetch_policies(settings.bootstrap_servers, settings.policies_topic,
-                                      kafka_security(settings)))
+    return asyncio.run(fetch_policies(KafkaClients.of(settings), settings.policies_topic))
 
 
 @command
@@ -398,7 +395,7 @@ def cmd_redrive(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> tuple[RedriveReport, Answers | None]:
         if not args.wait:
             return await redrive(request), None
-        async with TopicReader(settings.bootstrap_servers, request.security) as reader:
+        async with TopicReader(request.clients) as reader:
             starts = await output_ends(reader, [settings.prompts_topic, settings.dlq_topic])
             report = await redrive(request)
             resent = [(settings.input_topic, p, o) for p, o in report.resent]
@@ -425,7 +422,7 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     """explain REQUEST_ID --kafka: its latest audit on the audit topic, and its input."""
     import asyncio
 
-    from context_assembler.kafka.clients import kafka_security
+    from context_assembler.kafka.clients import KafkaClients
     from context_assembler.kafka.tools.reader import RangeError, parse_time
     from context_assembler.kafka.tools.replay.replay import find_recorded
 
@@ -434,11 +431,10 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     quiet_kafka_client(settings)
     registry = build_registry(settings.policy_file, settings.allowed_policies)
     raw, audit_bytes, origin = asyncio.run(find_recorded(  # or NotRecorded
-        settings.bootstrap_servers,
+        KafkaClients.of(settings),
         settings.audit_topic,
         args.request_id,
         parse_time(args.from_time) if args.from_time else None,
-        kafka_security(settings),
     ))
     try:
         event = decode_event(raw, settings.limits)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from context_assembler.contract.models import RejectReason
@@ -24,7 +24,7 @@ from context_assembler.intake.framing import Resolved, UnknownSchema, frame, spl
 from context_assembler.intake.handle import assemble_bytes
 from context_assembler.intake.policy_registry import PolicyRegistry
 from context_assembler.observability.traceparent import valid_traceparent_header
-from context_assembler.settings import DEFAULT_MAX_MESSAGE_BYTES, Settings
+from context_assembler.settings import Settings
 
 Headers = tuple[tuple[str, bytes], ...]
 # As clients hand them out: aiokafka a sequence of pairs, a null value as None; faust passes
@@ -256,33 +256,21 @@ def _utf8_prefix(data: bytes, limit: int) -> bytes:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HandlerContext:
-    """What every event of one worker (or one replay) is handled with."""
+    """What every event of one worker (or one replay) is handled with: the settings' topics,
+    limits and largest record (dead letters name its group), under `registry`'s policies."""
 
+    settings: Settings
     registry: PolicyRegistry
-    limits: Limits
-    prompts_topic: str
-    audit_topic: str
-    dlq_topic: str
-    worker: str  # named in dead letters as __connect.errors.connector.name
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     # With a schema registry: the schemas of the ids the events handled name (None: no
     # registry, so a framed event is rejected), and the ids the outputs are framed with.
     schemas: Mapping[int, Resolved] | None = None
     prompt_schema_id: int | None = None
     audit_schema_id: int | None = None
+    # The settings' limits, built once here rather than once an event.
+    limits: Limits = field(init=False, repr=False, compare=False)
 
-    @classmethod
-    def for_worker(cls, settings: Settings, registry: PolicyRegistry) -> HandlerContext:
-        """The worker's: its topics, limits and largest record; dead letters name its group."""
-        return cls(
-            registry=registry,
-            limits=settings.limits,
-            prompts_topic=settings.prompts_topic,
-            audit_topic=settings.audit_topic,
-            dlq_topic=settings.dlq_topic,
-            worker=settings.group_id,
-            max_message_bytes=settings.max_message_bytes,
-        )
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limits", self.settings.limits)
 
 
 Handler = Callable[[bytes, Origin, HandlerContext], Outcome]
@@ -300,9 +288,10 @@ def fit(
     `output_too_large` dead letter (none of its outputs is sent). A dead letter is built
     afresh from `raw` and cut to fit, so its headers always describe the original value."""
     learned = limits or {}
+    largest = context.settings.max_message_bytes
 
     def limit(topic: str) -> int:
-        return min(context.max_message_bytes, learned.get(topic, context.max_message_bytes))
+        return min(largest, learned.get(topic, largest))
 
     rejected = outcome.rejected
     if rejected is None:
@@ -319,8 +308,9 @@ def fit(
                 break
         else:
             return outcome
-    letter = dead_letter(origin, raw, rejected, context.dlq_topic, context.worker)
-    return Outcome((cut(letter, limit(context.dlq_topic)),), None, rejected)
+    dlq_topic = context.settings.dlq_topic
+    letter = dead_letter(origin, raw, rejected, dlq_topic, context.settings.group_id)
+    return Outcome((cut(letter, limit(dlq_topic)),), None, rejected)
 
 
 def _unframed(raw: bytes, context: HandlerContext) -> tuple[bytes, Check | None]:
@@ -365,9 +355,9 @@ def handle(raw: bytes, origin: Origin, context: HandlerContext) -> Outcome:
         headers += ((TRACEPARENT, trace),)
     key = assembly.prompt.request_id.encode()
     outputs = (
-        OutRecord(context.prompts_topic, key,
+        OutRecord(context.settings.prompts_topic, key,
                   _framed(context.prompt_schema_id, encode(assembly.prompt)), headers),
-        OutRecord(context.audit_topic, key,
+        OutRecord(context.settings.audit_topic, key,
                   _framed(context.audit_schema_id, encode(assembly.audit)), headers),
     )
     return fit(Outcome(outputs, assembly, None), raw, origin, context)

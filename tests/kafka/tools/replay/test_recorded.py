@@ -44,8 +44,9 @@ def worker_run(topics: Topics, registry: PolicyRegistry, lines: list[bytes], sta
     audit out (every event on partition 0)."""
     for policy in registry_policies(registry):
         topics.append("pol", 0, record_bytes(policy), key=policy.hash.encode())
-    context = HandlerContext.for_worker(
-        Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"), registry)
+    context = HandlerContext(
+        settings=Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
+        registry=registry)
     for n, raw in enumerate(lines, start=start):
         topics.append("in", 0, raw, timestamp=T + n)
         found = topics.partition("in", 0)[-1]
@@ -62,7 +63,7 @@ def topics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Topics:
     worker_run(topics, tight(tmp_path), GOOD[4:], 4)
     for topic in ("p", "a", "d"):
         topics.partition(topic, 0)
-    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda clients: FakeReader(topics))
     return topics
 
 

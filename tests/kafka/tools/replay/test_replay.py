@@ -17,6 +17,7 @@ import pytest
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.intake.policy_registry import build_registry
 from context_assembler.kafka import clients
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.records import ERR, HandlerContext, Origin, handle, value_of
 from context_assembler.kafka.tools.reader import RangeError
 from context_assembler.kafka.tools.replay import replay as module
@@ -40,8 +41,9 @@ def published_topics(*, publish: bool = True) -> Topics:
     """Input "in" (partition 0: three events and a bad one; partition 1: three events), and
     what the worker published for them on "p" (prompts), "a" (audits) and "d" (DLQ)."""
     topics = Topics()
-    worker = HandlerContext.for_worker(
-        Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"), REGISTRY)
+    worker = HandlerContext(
+        settings=Settings(input_topic="in", prompts_topic="p", audit_topic="a", dlq_topic="d"),
+        registry=REGISTRY)
     inputs = [(0, GOOD[0]), (0, GOOD[1]), (0, GOOD[2]), (0, BAD),
               (1, GOOD[3]), (1, GOOD[4]), (1, GOOD[5])]
     for n, (partition, raw) in enumerate(inputs):
@@ -61,7 +63,7 @@ def published_topics(*, publish: bool = True) -> Topics:
 @pytest.fixture
 def topics(monkeypatch: pytest.MonkeyPatch) -> Topics:
     topics = published_topics()
-    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda clients: FakeReader(topics))
     return topics
 
 
@@ -132,7 +134,7 @@ def test_a_stopped_replay_keeps_what_it_replayed(topics: Topics, tmp_path: Path)
 def test_a_failed_replay_writes_nothing(
     topics: Topics, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics, fail_after=3))
+    monkeypatch.setattr(module, "TopicReader", lambda clients: FakeReader(topics, fail_after=3))
     with pytest.raises(ConnectionError):
         run(request(out=tmp_path / "p.jsonl", audit_out=tmp_path / "a.jsonl"))
     assert list(tmp_path.iterdir()) == []
@@ -150,7 +152,7 @@ def test_a_changed_policy_is_reported_as_different(topics: Topics, tmp_path: Pat
 
 def test_unpublished_inputs_are_reported_so(monkeypatch: pytest.MonkeyPatch) -> None:
     topics = published_topics(publish=False)
-    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics))
+    monkeypatch.setattr(module, "TopicReader", lambda clients: FakeReader(topics))
     report = run(request(compare=True))
     statuses = [c.status for c in report.comparisons]
     assert statuses == ["not published"] * 3 + ["identical"] + ["not published"] * 3
@@ -214,7 +216,7 @@ def test_replay_into_a_topic_is_one_transaction(topics: Topics, producers: list[
 def test_a_failed_replay_into_a_topic_is_aborted(
     topics: Topics, producers: list[Producer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(module, "TopicReader", lambda servers, security: FakeReader(topics, fail_after=2))
+    monkeypatch.setattr(module, "TopicReader", lambda clients: FakeReader(topics, fail_after=2))
     with pytest.raises(ConnectionError):
         run(request(to_topic="replayed"))
     assert producers[0].calls == ["start", "begin", "abort", "stop"]
@@ -222,20 +224,20 @@ def test_a_failed_replay_into_a_topic_is_aborted(
 
 def test_explain_finds_the_latest_audit_and_its_input(topics: Topics) -> None:
     request_id = json.loads(GOOD[4])["request_id"]
-    raw, audit, origin = asyncio.run(find_recorded("fake:9092", "a", request_id, None))
+    raw, audit, origin = asyncio.run(find_recorded(KafkaClients("fake:9092"), "a", request_id, None))
     assert (raw, origin) == (GOOD[4], "in/1/1")
     assert json.loads(audit)["request_id"] == request_id
 
     recorded = topics.partition("a", 0)[4]
     newer = replace(recorded, offset=99, value=b"newer")
     topics.partition("a", 0).append(newer)
-    assert asyncio.run(find_recorded("fake:9092", "a", request_id, None))[1] == b"newer"
+    assert asyncio.run(find_recorded(KafkaClients("fake:9092"), "a", request_id, None))[1] == b"newer"
 
 
 def test_explain_says_what_is_not_recorded(topics: Topics) -> None:
     def find(request_id: str) -> str:
         with pytest.raises(NotRecorded) as caught:
-            asyncio.run(find_recorded("fake:9092", "a", request_id, None))
+            asyncio.run(find_recorded(KafkaClients("fake:9092"), "a", request_id, None))
         assert isinstance(caught.value, ContextAssemblerError | LookupError)
         return str(caught.value)
 

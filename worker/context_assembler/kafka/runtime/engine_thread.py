@@ -29,7 +29,7 @@ class EngineThread:
                  schemas: SchemaRegistry | None, retries: Retries) -> None:
         self._handler = handler
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self.context = HandlerContext.for_worker(settings, registry)
+        self.context = HandlerContext(settings=settings, registry=registry)
         self._schemas = schemas
         if schemas is not None:
             self.context = replace(self.context, schemas={})

@@ -19,7 +19,7 @@ from aiokafka.errors import KafkaError
 from context_assembler.engine.policy import Policy
 from context_assembler.intake.framing import frame, unframed
 from context_assembler.intake.recorded_policies import RecordedPolicies, record_bytes
-from context_assembler.kafka.clients import PLAINTEXT, KafkaClients, KafkaSecurity, kafka_security
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.records import SkippedBatch
 from context_assembler.kafka.tools.produce import check_topic
 from context_assembler.kafka.tools.reader import TopicReader
@@ -30,12 +30,11 @@ from context_assembler.settings import Settings
 log = logging.getLogger(__name__)
 
 
-async def publish(servers: str, topic: str, policies: Sequence[Policy],
-                  max_request_size: int, compression: str | None = None,
-                  security: KafkaSecurity = PLAINTEXT, schema_id: int | None = None) -> None:
+async def publish(clients: KafkaClients, topic: str, policies: Sequence[Policy],
+                  schema_id: int | None = None) -> None:
     """Each policy's record, keyed by its hash (framed with `schema_id`, if given); returns
     once the broker has them all."""
-    producer = KafkaClients(servers, security, compression, max_request_size).producer()
+    producer = clients.producer()
     try:
         await producer.start()
         values = [record_bytes(p) for p in policies]
@@ -68,15 +67,13 @@ async def publish_at_start(
     problem (a missing topic, a broker that does not answer) is logged once and kept in
     `recording`, then retried."""
     recording = recording or Recording()
-    security = kafka_security(settings)
+    clients = KafkaClients.of(settings)
     delay = FIRST_PUBLISH_RETRY_SECONDS
     topic = settings.policies_topic
     while not stop.is_set():
         try:
-            await check_topic(settings.bootstrap_servers, topic, security)
-            await publish(settings.bootstrap_servers, topic, policies,
-                          settings.max_message_bytes, settings.producer_compression, security,
-                          schema_id)
+            await check_topic(clients, topic)
+            await publish(clients, topic, policies, schema_id)
         except (TopicError, KafkaError, TimeoutError) as error:
             problem = str(error) or type(error).__name__
             if problem != recording.problem:
@@ -105,7 +102,6 @@ async def read_policies(reader: TopicReader, topic: str) -> RecordedPolicies:
     return recorded
 
 
-async def fetch_policies(servers: str, topic: str,
-                         security: KafkaSecurity = PLAINTEXT) -> RecordedPolicies:
-    async with TopicReader(servers, security) as reader:
+async def fetch_policies(clients: KafkaClients, topic: str) -> RecordedPolicies:
+    async with TopicReader(clients) as reader:
         return await read_policies(reader, topic)

@@ -14,12 +14,7 @@ from collections.abc import Iterable
 import orjson
 from aiokafka.errors import TopicAuthorizationFailedError, UnknownTopicOrPartitionError
 
-from context_assembler.kafka.clients import (
-    PLAINTEXT,
-    REFUSED_CONNECTION,
-    KafkaClients,
-    KafkaSecurity,
-)
+from context_assembler.kafka.clients import REFUSED_CONNECTION, KafkaClients
 from context_assembler.kafka.errors import answered
 from context_assembler.kafka.tools.topics import missing_topic, not_authorized, refused
 
@@ -33,15 +28,14 @@ def key_of(line: bytes) -> bytes | None:
     return request_id.encode() if isinstance(request_id, str) else None
 
 
-async def check_topic(bootstrap_servers: str, topic: str,
-                      security: KafkaSecurity = PLAINTEXT) -> None:
+async def check_topic(clients: KafkaClients, topic: str) -> None:
     """Raise TopicError unless the broker answers and has `topic`."""
-    admin = KafkaClients(bootstrap_servers, security).admin()
+    admin = clients.admin()
     try:
         await admin.start()
         described = await admin.describe_topics([topic])
     except (*REFUSED_CONNECTION, TimeoutError):
-        raise await refused(bootstrap_servers, security) from None
+        raise await refused(clients) from None
     finally:
         await admin.close()
     if any(answered(t, UnknownTopicOrPartitionError) for t in described) or not described:
@@ -50,17 +44,15 @@ async def check_topic(bootstrap_servers: str, topic: str,
         raise not_authorized(topic, "DESCRIBE")
 
 
-async def produce(
-    bootstrap_servers: str, topic: str, lines: Iterable[bytes], compression: str | None = None,
-    security: KafkaSecurity = PLAINTEXT,
-) -> list[tuple[int, int]]:
+async def produce(clients: KafkaClients, topic: str, lines: Iterable[bytes]
+                  ) -> list[tuple[int, int]]:
     """Send each non-blank line; the partition and offset of each, in order."""
-    await check_topic(bootstrap_servers, topic, security)
-    producer = KafkaClients(bootstrap_servers, security, compression).producer()
+    await check_topic(clients, topic)
+    producer = clients.producer()
     try:
         await producer.start()
     except REFUSED_CONNECTION:
-        raise await refused(bootstrap_servers, security) from None
+        raise await refused(clients) from None
     deliveries = []
     try:
         for line in lines:

@@ -16,10 +16,8 @@ from aiokafka.structs import ConsumerRecord
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.kafka.batches import guard
 from context_assembler.kafka.clients import (
-    PLAINTEXT,
     REFUSED_CONNECTION,
     KafkaClients,
-    KafkaSecurity,
 )
 from context_assembler.kafka.errors import answered
 from context_assembler.kafka.tools.topics import refused
@@ -92,17 +90,15 @@ def describe_range(
 
 
 class TopicReader:
-    def __init__(self, bootstrap_servers: str, security: KafkaSecurity = PLAINTEXT) -> None:
+    def __init__(self, clients: KafkaClients) -> None:
         guard()  # the bound the command set, else the default: never a batch decoded whole
-        clients = KafkaClients(bootstrap_servers, security)
         self._consumer = clients.consumer(
             group_id=None,  # no group: nothing to join, nothing committed
             auto_offset_reset="none",
             fetch_max_wait_ms=FETCH_WAIT_MS,
         )
         self._admin = clients.admin()
-        self._servers = bootstrap_servers
-        self._security = security
+        self._clients = clients
 
     async def __aenter__(self) -> TopicReader:
         """Raises TopicError when the broker cannot be reached."""
@@ -111,7 +107,7 @@ class TopicReader:
         except REFUSED_CONNECTION:
             await self._consumer.stop()  # never started: only marks it closed
             await self._admin.close()
-            raise await refused(self._servers, self._security) from None
+            raise await refused(self._clients) from None
         try:
             await self._consumer.start()
         except BaseException:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from context_assembler.kafka.clients import KafkaClients, KafkaSecurity, kafka_security
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.records import (
     ERR,
     TRUNCATED,
@@ -56,8 +56,8 @@ class RedriveRequest:
     send: bool = False  # --yes; the default is a dry run
 
     @functools.cached_property
-    def security(self) -> KafkaSecurity:
-        return kafka_security(self.settings)
+    def clients(self) -> KafkaClients:
+        return KafkaClients.of(self.settings)
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,7 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
     report = RedriveReport({}, [], [], request.send, {})
     async with contextlib.AsyncExitStack() as stack:
         producer = await stack.enter_async_context(_producer(request)) if request.send else None
-        reader = await stack.enter_async_context(TopicReader(
-            request.settings.bootstrap_servers, request.security))
+        reader = await stack.enter_async_context(TopicReader(request.clients))
         spans = await reader.spans(request.settings.dlq_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
         sent: list[asyncio.Future[RecordMetadata]] = []
@@ -168,9 +167,8 @@ async def redrive(request: RedriveRequest) -> RedriveReport:
 
 @contextlib.asynccontextmanager
 async def _producer(request: RedriveRequest) -> AsyncIterator[AIOKafkaProducer]:
-    settings = request.settings
-    await check_topic(settings.bootstrap_servers, settings.input_topic, request.security)
-    producer = KafkaClients.of(settings, request.security).producer()
+    await check_topic(request.clients, request.settings.input_topic)
+    producer = request.clients.producer()
     await producer.start()
     try:
         yield producer

@@ -33,12 +33,9 @@ from context_assembler.contract.catalogue import TOPICS
 from context_assembler.engine.errors import ContextAssemblerError
 from context_assembler.kafka.clients import (
     ACLS_HINT,
-    PLAINTEXT,
     REFUSED_CONNECTION,
     KafkaClients,
-    KafkaSecurity,
     connection_problem,
-    kafka_security,
 )
 from context_assembler.kafka.errors import answered
 from context_assembler.settings import Settings
@@ -66,11 +63,11 @@ def unreachable(servers: str) -> TopicError:
                       "--bootstrap-servers or ASSEMBLER_BOOTSTRAP_SERVERS)")
 
 
-async def refused(servers: str, security: KafkaSecurity) -> TopicError:
+async def refused(clients: KafkaClients) -> TopicError:
     """The error of a client that could not start: the broker's refusal of these
     credentials or certificates when that is the cause, else `unreachable`."""
-    problem = await connection_problem(servers, security)
-    return TopicError(problem) if problem else unreachable(servers)
+    problem = await connection_problem(clients.servers, clients.security)
+    return TopicError(problem) if problem else unreachable(clients.servers)
 
 
 def not_authorized(topic: str, operation: str) -> TopicError:
@@ -178,15 +175,14 @@ class TopicReport:
         return line + (": " + "; ".join(self.differences) if self.differences else "")
 
 
-async def create_topics(servers: str, specs: list[TopicSpec],
-                        security: KafkaSecurity = PLAINTEXT) -> list[TopicReport]:
+async def create_topics(clients: KafkaClients, specs: list[TopicSpec]) -> list[TopicReport]:
     """Create what is missing; compare what exists with the spec. Raises TopicError when the
     broker cannot be reached or refuses a topic."""
-    admin = KafkaClients(servers, security).admin()
+    admin = clients.admin()
     try:
         await admin.start()
     except REFUSED_CONNECTION:
-        raise await refused(servers, security) from None
+        raise await refused(clients) from None
     try:
         response = await admin.create_topics(
             [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
@@ -205,9 +201,9 @@ async def create_topics(servers: str, specs: list[TopicSpec],
             raise TopicError("could not create topics: " + "; ".join(failures))
         differences = await _differences(admin, existing)
     except KafkaError as error:
-        raise TopicError(f"the broker at {servers} refused: {error}") from None
+        raise TopicError(f"the broker at {clients.servers} refused: {error}") from None
     except TimeoutError:
-        raise TopicError(f"the broker at {servers} did not answer in time") from None
+        raise TopicError(f"the broker at {clients.servers} did not answer in time") from None
     finally:
         await admin.close()
     return [
@@ -259,10 +255,8 @@ class TopicWatch:
     broker refusing the connection once the worker runs (credentials rotated, a certificate
     expired), which aiokafka's clients only log at each reconnect."""
 
-    def __init__(self, servers: str, topics: list[str], interval: float = 5.0,
-                 security: KafkaSecurity = PLAINTEXT) -> None:
-        self._servers = servers
-        self._security = security
+    def __init__(self, clients: KafkaClients, topics: list[str], interval: float = 5.0) -> None:
+        self._clients = clients
         self.topics = topics
         self._interval = interval
         self.missing: tuple[str, ...] = ()
@@ -281,14 +275,15 @@ class TopicWatch:
     async def run(self) -> None:
         """Until cancelled. A broker that does not answer leaves the last finding as it is:
         the consumer reports that on its own."""
-        admin = KafkaClients(self._servers, self._security).admin()
+        admin = self._clients.admin()
         try:
             while True:
                 try:
                     await admin.start()  # no-op once started
                     described = await admin.describe_topics(self.topics)
                 except (*REFUSED_CONNECTION, NodeNotReadyError):
-                    self._refused(await connection_problem(self._servers, self._security))
+                    self._refused(await connection_problem(self._clients.servers,
+                                                           self._clients.security))
                 except (KafkaError, TimeoutError):
                     pass
                 else:
@@ -319,5 +314,4 @@ class TopicWatch:
 
 def topic_watch(settings: Settings) -> TopicWatch:
     """A watch on the topics worker_topics creates."""
-    return TopicWatch(settings.bootstrap_servers, [s.name for s in worker_topics(settings, 1, 1)],
-                      security=kafka_security(settings))
+    return TopicWatch(KafkaClients.of(settings), [s.name for s in worker_topics(settings, 1, 1)])

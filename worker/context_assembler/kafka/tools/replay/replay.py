@@ -35,7 +35,7 @@ from context_assembler.intake.recorded_policies import (
     PolicyNotRecorded,
     RecordedPolicies,
 )
-from context_assembler.kafka.clients import PLAINTEXT, KafkaClients, KafkaSecurity, kafka_security
+from context_assembler.kafka.clients import KafkaClients
 from context_assembler.kafka.records import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -87,8 +87,8 @@ class ReplayRequest:
     policies: RecordedPolicies | None = None
 
     @functools.cached_property
-    def security(self) -> KafkaSecurity:
-        return kafka_security(self.settings)
+    def clients(self) -> KafkaClients:
+        return KafkaClients.of(self.settings)
 
 
 @dataclass
@@ -139,7 +139,7 @@ async def replay(request: ReplayRequest, stop: asyncio.Event) -> ReplayReport:
 
 async def _replay(request: ReplayRequest, stop: asyncio.Event,
                   schemas: SchemaRegistry | None) -> ReplayReport:
-    async with TopicReader(request.settings.bootstrap_servers, request.security) as reader:
+    async with TopicReader(request.clients) as reader:
         spans = await reader.spans(request.settings.input_topic, starts=request.starts,
                                    from_ms=request.from_ms, ends=request.ends, to_ms=request.to_ms)
         if not any(span.end > span.start for span in spans):
@@ -259,18 +259,14 @@ async def _replay_spans(
 
 
 def _handler_context(request: ReplayRequest, registry: PolicyRegistry) -> HandlerContext:
-    """The worker's handling under `registry`, but outputs bound for --to-topic (if any),
-    and dead letters for no topic: a replay writes rejections to --errors only."""
-    to_topic = request.to_topic
-    return HandlerContext(
-        registry=registry,
-        limits=request.settings.limits,
-        prompts_topic=to_topic or request.settings.prompts_topic,
-        audit_topic=request.to_audit_topic
-        or (f"{to_topic}.audit" if to_topic else request.settings.audit_topic),
-        dlq_topic="dead-letters",
-        worker="replay",
-    )
+    """The worker's handling under `registry`, but outputs bound for --to-topic (if any); a
+    replay writes rejections to --errors only, never to the dead-letter topic."""
+    settings, to_topic = request.settings, request.to_topic
+    if to_topic:
+        settings = settings.model_copy(update={
+            "prompts_topic": to_topic,
+            "audit_topic": request.to_audit_topic or f"{to_topic}.audit"})
+    return HandlerContext(settings=settings, registry=registry)
 
 
 @asynccontextmanager
@@ -280,7 +276,7 @@ async def _transaction(request: ReplayRequest) -> AsyncIterator[AIOKafkaProducer
     if not request.to_topic:
         yield None
         return
-    producer = KafkaClients.of(request.settings, request.security).producer(
+    producer = request.clients.producer(
         transactional_id=f"context-assembler-replay-{uuid.uuid4()}",
         transaction_timeout_ms=REPLAY_TRANSACTION_TIMEOUT_MS,
     )
@@ -376,12 +372,11 @@ def _source(headers: Headers) -> tuple[str, int, int] | None:
 
 
 async def find_recorded(
-    bootstrap_servers: str, audit_topic: str, request_id: str, from_ms: int | None,
-    security: KafkaSecurity = PLAINTEXT,
+    clients: KafkaClients, audit_topic: str, request_id: str, from_ms: int | None,
 ) -> tuple[bytes, bytes, str]:
     """The latest audit published for `request_id`, the input event it came from, and
     where that was ("topic/partition/offset")."""
-    async with TopicReader(bootstrap_servers, security) as reader:
+    async with TopicReader(clients) as reader:
         spans = await reader.spans(audit_topic, from_ms=from_ms)
         latest: Origin | None = None
         audit = b""
