@@ -276,6 +276,9 @@ def _pieces(sentence: str, tokens: int) -> list[tuple[str, bool]]:
     return pieces
 
 
+NOT_COUNTED: Final = -1  # a segment's count before its passage is first weighed
+
+
 @dataclass(frozen=True, slots=True)
 class Analysis:
     """What focusing reads of a passage's text whatever the question and the title: its
@@ -283,9 +286,9 @@ class Analysis:
     each word form is."""
 
     segments: tuple[Segment, ...]
-    # each segment's count, all 0 until focusing first weighs taking one of them
+    # each segment's count, all NOT_COUNTED until focusing first weighs taking one of them
     # (`count_segments`): most passages of a long event never come that far, and counting
-    # is most of an analysis
+    # is most of an analysis (not 0: a tokenizer.json may count a text 0)
     tokens: list[int]
     # word form -> the segments holding it, in order (bytes where every index fits one)
     postings: dict[str, bytes | tuple[int, ...]]
@@ -315,7 +318,7 @@ class Analysis:
         """Count every segment (the first at a line start, any other after its joiner),
         once per analysis: the counts depend on the text and the tokenizer alone. All at
         once, so that a thread sees either every count or none."""
-        if not self.tokens[0]:
+        if self.tokens[0] == NOT_COUNTED:
             self.tokens[:] = [count(part.text) if index == 0 else count(part.joined + part.text)
                               for index, part in enumerate(self.segments)]
 
@@ -377,7 +380,8 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
     )
     compact: Callable[[list[int]], bytes | tuple[int, ...]] = (
         bytes if len(parts) <= 256 else tuple)
-    found = Analysis(parts, [0] * len(parts), {t: compact(i) for t, i in postings.items()}, kinds,
+    found = Analysis(parts, [NOT_COUNTED] * len(parts),
+                     {t: compact(i) for t, i in postings.items()}, kinds,
                      {w: tuple(i) for w, i in marked.items()}, nbytes,
                      _gaps(candidate.text, parts))
     ANALYSES.put(key, found)
@@ -408,7 +412,7 @@ class _Passage:
     candidate: Candidate
     analysis: Analysis
     segments: tuple[Segment, ...]
-    tokens: list[int]  # the analysis's counts of its segments (0: not counted yet)
+    tokens: list[int]  # the analysis's counts of its segments, or NOT_COUNTED
     titled: frozenset[str]  # the word forms of its title
     chosen: list[bool]
     header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
@@ -618,7 +622,7 @@ class _Taking:
         separator. Worked out from the run's two neighbours alone."""
         low, high = needed[-1], needed[0]
         chosen, tokens = passage.chosen, passage.tokens
-        if not tokens[0]:  # the first time any segment of the passage is weighed
+        if tokens[0] == NOT_COUNTED:  # the first time any segment of it is weighed
             passage.analysis.count_segments(self.count)
         gap_before = low > 0 and not chosen[low - 1]
         gap_after = high + 1 < len(chosen) and not chosen[high + 1]
