@@ -291,6 +291,53 @@ def test_a_passage_under_two_titles_is_analysed_once_and_matched_with_each_title
     assert kept[0].candidate is under_pump
 
 
+def test_the_passages_focusing_never_weighs_are_never_tokenised() -> None:
+    """Counting is most of what analysing a passage costs, and in a long event most
+    passages hold no sentence the budget reaches: a passage's segments are counted once
+    focusing first weighs taking one of them (at most one passage besides those taken:
+    the one whose sentence stops the taking)."""
+    gold = chunk("gold", "The Eiffel Tower was completed in 1889. It stands in Paris.",
+                 score=0.9)
+    fillers = [chunk(f"f{n}", f"Zebra {n} grazes. Zebra {n} sleeps at noon.", score=0.5)
+               for n in range(30)]
+    counted: list[str] = []
+
+    def count(text: str) -> int:
+        counted.append(text)
+        return COUNTER.count(text)
+
+    kept, _ = focus([Candidate(rank, c) for rank, c in enumerate([gold, *fillers], start=1)],
+                    FocusPacking(
+        budget=25, question="When was the Eiffel Tower completed?", count=count,
+        count_known=COUNTER.count_known, count_rest=COUNTER.count_rest, tokenizer=COUNTER.name,
+        header=lambda _: "[S9] (-) ", cost=lambda c, t: COUNTER.count(f"[S9] (-) {t}"),
+        separator_tokens=1, max_chunks=None), CopyDetector(DedupPolicy()))
+    assert [k.candidate.chunk_id for k in kept] == ["gold"]
+    assert "1889" in kept[0].text
+    weighed = {n for n in range(30) if any(f"Zebra {n} " in text for text in counted)}
+    assert len(weighed) <= 1
+
+
+def test_a_passages_segments_are_counted_once_even_where_one_counts_nothing() -> None:
+    """A tokenizer.json may count a text 0 (a normalizer that strips it): the segments of
+    a passage are still counted once, not again at every sentence taken (which would
+    make an event's cost grow with the square of its sentences)."""
+    text = "\u200b. " + " ".join(f"Pump {n} runs." for n in range(200))
+    counted: list[str] = []
+
+    def count(piece: str) -> int:
+        counted.append(piece)
+        return 0 if piece.strip() == "\u200b." else COUNTER.count(piece)
+
+    kept, _ = focus([Candidate(1, chunk("a", text))], FocusPacking(
+        budget=10_000, question="Which pump runs?", count=count,
+        count_known=COUNTER.count_known, count_rest=COUNTER.count_rest, tokenizer="zero-width",
+        header=lambda _: "[S9] (-) ", cost=lambda c, t: COUNTER.count(f"[S9] (-) {t}"),
+        separator_tokens=1, max_chunks=None), CopyDetector(DedupPolicy()))
+    assert kept[0].sentences == (201, 201)
+    assert len(counted) < 3 * 201
+
+
 def test_a_whole_passage_whose_text_the_render_defuses_is_counted_as_shown() -> None:
     """A passage kept whole whose text holds a tag look-alike ("</documents>") is shown
     defused; the context's count is the tokenizer's count of what is shown, and

@@ -276,6 +276,9 @@ def _pieces(sentence: str, tokens: int) -> list[tuple[str, bool]]:
     return pieces
 
 
+NOT_COUNTED: Final = -1  # a segment's count before its passage is first weighed
+
+
 @dataclass(frozen=True, slots=True)
 class Analysis:
     """What focusing reads of a passage's text whatever the question and the title: its
@@ -283,7 +286,10 @@ class Analysis:
     each word form is."""
 
     segments: tuple[Segment, ...]
-    tokens: tuple[int, ...]
+    # each segment's count, all NOT_COUNTED until focusing first weighs taking one of them
+    # (`count_segments`): most passages of a long event never come that far, and counting
+    # is most of an analysis (not 0: a tokenizer.json may count a text 0)
+    tokens: list[int]
     # word form -> the segments holding it, in order (bytes where every index fits one)
     postings: dict[str, bytes | tuple[int, ...]]
     kinds: tuple[int, ...]  # per segment, the kinds of answer it holds (`marks_of`)
@@ -307,6 +313,14 @@ class Analysis:
                 tuple(i for i, kind in enumerate(self.kinds) if not kind & asked),
             )
         return found
+
+    def count_segments(self, count: Callable[[str], int]) -> None:
+        """Count every segment (the first at a line start, any other after its joiner),
+        once per analysis: the counts depend on the text and the tokenizer alone. All at
+        once, so that a thread sees either every count or none."""
+        if self.tokens[0] == NOT_COUNTED:
+            self.tokens[:] = [count(part.text) if index == 0 else count(part.joined + part.text)
+                              for index, part in enumerate(self.segments)]
 
 
 def _analysis_bytes(analysis: Analysis) -> int:
@@ -334,8 +348,6 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
     if found is not None:
         return found
     parts = tuple(segments(candidate.text, count, count_sentence))
-    tokens = tuple(count(s.text) if n == 0 else count(s.joined + s.text)
-                   for n, s in enumerate(parts))
     postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
     for index, part in enumerate(parts):
         for term in terms(part.text):
@@ -368,7 +380,8 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
     )
     compact: Callable[[list[int]], bytes | tuple[int, ...]] = (
         bytes if len(parts) <= 256 else tuple)
-    found = Analysis(parts, tokens, {t: compact(i) for t, i in postings.items()}, kinds,
+    found = Analysis(parts, [NOT_COUNTED] * len(parts),
+                     {t: compact(i) for t, i in postings.items()}, kinds,
                      {w: tuple(i) for w, i in marked.items()}, nbytes,
                      _gaps(candidate.text, parts))
     ANALYSES.put(key, found)
@@ -399,7 +412,7 @@ class _Passage:
     candidate: Candidate
     analysis: Analysis
     segments: tuple[Segment, ...]
-    tokens: tuple[int, ...]  # each segment's count after a space (the first: at a line start)
+    tokens: list[int]  # the analysis's counts of its segments, or NOT_COUNTED
     titled: frozenset[str]  # the word forms of its title
     chosen: list[bool]
     header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
@@ -609,6 +622,8 @@ class _Taking:
         separator. Worked out from the run's two neighbours alone."""
         low, high = needed[-1], needed[0]
         chosen, tokens = passage.chosen, passage.tokens
+        if tokens[0] == NOT_COUNTED:  # the first time any segment of it is weighed
+            passage.analysis.count_segments(self.count)
         gap_before = low > 0 and not chosen[low - 1]
         gap_after = high + 1 < len(chosen) and not chosen[high + 1]
         marks = gap_before + gap_after - (1 if passage.taken else 0)
@@ -719,10 +734,11 @@ def focus(
 
 
 def sentence_counter(packing: FocusPacking) -> SentenceCount:
-    """How `segments` counts a long sentence alone: where the analysis will count it after
-    a blank too, that count (cached for the analysis) less its first word's after a blank,
-    plus its first word's alone (words often seen, cached), so that the tokenizer reads
-    the sentence once; exact where the first word ends at a cut (`count_rest`)."""
+    """How `segments` counts a long sentence alone: where it follows a blank, its count
+    after the blank (cached: the analysis counts the segment so, once focusing weighs
+    taking it) less its first word's after a blank, plus its first word's alone (words
+    often seen, cached), so that the tokenizer reads the sentence once; exact where the
+    first word ends at a cut (`count_rest`)."""
     count, count_rest, count_known = packing.count, packing.count_rest, packing.count_known
 
     def count_sentence(sentence: str, spaced: bool) -> int:
