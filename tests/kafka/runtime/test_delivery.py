@@ -12,11 +12,11 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 from context_assembler.kafka.records import Origin, OutRecord
 from context_assembler.kafka.runtime.delivery import (
+    Arrivals,
     CommitRounds,
     Delivery,
     Entry,
     batches,
-    next_batch,
 )
 from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tuning import ENGINE_BATCH, ENGINE_BATCH_BYTES
@@ -209,24 +209,47 @@ def test_engine_batches_end_at_their_count_or_at_their_bytes() -> None:
 
 async def test_a_batch_is_what_arrived_meanwhile_up_to_its_limits_and_none_once_reading_ends(
 ) -> None:
-    arrived: asyncio.Queue[Any] = asyncio.Queue()
-    for n in range(ENGINE_BATCH + 3):
-        arrived.put_nowait(n)
-    assert await next_batch(arrived, lambda _: 1) == list(range(ENGINE_BATCH))
-    assert await next_batch(arrived, lambda _: 1) == [ENGINE_BATCH, ENGINE_BATCH + 1,
-                                                      ENGINE_BATCH + 2]
-    waiting = asyncio.create_task(next_batch(arrived, lambda _: 1))
+    arrived: Arrivals[Any] = Arrivals()
+    arrived.put(range(ENGINE_BATCH - 2))  # fetches, cut into batches across their ends
+    arrived.put(range(100, 105))
+    assert await arrived.next_batch(lambda _: 1) == [*range(ENGINE_BATCH - 2), 100, 101]
+    assert await arrived.next_batch(lambda _: 1) == [102, 103, 104]
+    waiting = asyncio.create_task(arrived.next_batch(lambda _: 1))
     await asyncio.sleep(0.01)
     assert not waiting.done()  # at least one event: it waits for it
-    arrived.put_nowait("late")
+    arrived.put([])  # a fetch of nothing held is not an arrival
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    arrived.put(["late"])
     assert await asyncio.wait_for(waiting, 1) == ["late"]
-    for n in range(3):
-        arrived.put_nowait(n)
-    assert await next_batch(arrived, lambda _: ENGINE_BATCH_BYTES // 2) == [0, 1]  # full
-    assert await next_batch(arrived, lambda _: 1) == [2]
-    arrived.put_nowait("unhandled")
-    arrived.put_nowait(None)  # reading ended: what is left stays uncommitted
-    assert await next_batch(arrived, lambda _: 1) is None
+    arrived.put(range(2))
+    arrived.put([2])
+    assert await arrived.next_batch(lambda _: ENGINE_BATCH_BYTES // 2) == [0, 1]  # full
+    assert await arrived.next_batch(lambda _: 1) == [2]
+    arrived.put(["unhandled"])
+    arrived.end()  # reading ended: what is left stays uncommitted
+    assert await arrived.next_batch(lambda _: 1) is None
+
+
+async def test_room_is_taken_a_fetch_at_once_within_the_bound_and_a_larger_one_alone() -> None:
+    rig = Rig(MemoryRuntime(hold=True), max_in_flight=4)
+    await rig.delivery.room(3)
+    waiting = asyncio.create_task(rig.delivery.room(2))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and rig.delivery.in_flight == 3  # none of it taken meanwhile
+    delivering = await rig.deliver((0, 0), (0, 1))
+    await rig.runtime.answer(0, 0)
+    await rig.runtime.answer(0, 1)
+    await delivering
+    await asyncio.wait_for(waiting, 1)
+    assert rig.delivery.in_flight == 3  # one left of the first fetch, two of the second
+    await rig.deliver((1, 0), (1, 1), (1, 2))
+    for offset in range(3):
+        await rig.runtime.answer(1, offset)
+    await until(lambda: rig.delivery.in_flight == 0)
+    await asyncio.wait_for(rig.delivery.room(6), 1)  # more than the bound: once none is
+    assert rig.delivery.in_flight == 6
+    rig.runner.close()
 
 
 class GatedCommit:

@@ -7,7 +7,7 @@ sends records and commits offsets; the rules of when are here, written and teste
   offset may be committed only once its event and every event read before it on its
   partition are settled: a later event settled first waits for the earlier. A revoked
   partition hands over what was settled and forgets the rest, which its next owner redoes.
-- `batches` and `next_batch`: events go to the engine in batches of at most ENGINE_BATCH
+- `batches` and `Arrivals`: events go to the engine in batches of at most ENGINE_BATCH
   events and ENGINE_BATCH_BYTES of input.
 - `CommitRounds`: commits run one at a time; a round takes everything that became
   committable before it began, so commits never overlap and never wait for later work, and
@@ -31,6 +31,8 @@ import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from context_assembler.kafka.records import Origin, Outcome, value_of
@@ -79,11 +81,13 @@ class InOrder(Generic[T]):
     def __init__(self) -> None:
         self._partitions: dict[Partition, deque[Entry[T]]] = {}
 
-    def read(self, origin: Origin, token: T) -> Entry[T]:
-        """Track an event read; it stays in flight until `settle`d."""
-        entry = Entry((origin.topic, origin.partition), origin.offset, token)
-        self._partitions.setdefault(entry.partition, deque()).append(entry)
-        return entry
+    def read(self, events: Sequence[tuple[Origin, T]]) -> list[Entry[T]]:
+        """Track the events read, in order; each stays in flight until `settle`d."""
+        entries = [Entry((origin.topic, origin.partition), origin.offset, token)
+                   for origin, token in events]
+        for partition, its in groupby(entries, key=attrgetter("partition")):  # a fetch's runs
+            self._partitions.setdefault(partition, deque()).extend(its)
+        return entries
 
     def settle(self, entries: Iterable[Entry[T]]) -> None:
         """The entries' events were delivered (an entry of a revoked partition is ignored)."""
@@ -132,21 +136,44 @@ def batches(events: Sequence[tuple[bytes, Origin]]) -> Iterator[Sequence[tuple[b
         start = end
 
 
-async def next_batch(arrived: asyncio.Queue[T | None], size: Callable[[T], int]) -> list[T] | None:
-    """The events that arrived while the last batch was handled, as `batches` cuts them (at
-    least one, waiting for it), or None once reading ended (signalled by None): what was read
-    but not handled stays uncommitted. No timer: a batch never waits for more events than
-    are there."""
-    event = await arrived.get()
-    events: list[T] = []
-    total = 0
-    while event is not None:
-        events.append(event)
-        total += size(event)
-        if len(events) >= ENGINE_BATCH or total >= ENGINE_BATCH_BYTES or arrived.empty():
-            return events
-        event = arrived.get_nowait()
-    return None
+class Arrivals(Generic[T]):
+    """The events read and not yet taken for the engine: the reader puts them as it reads
+    them (a fetch at once: one queue item, not one an event), the loop takes them in engine
+    batches (`next_batch`)."""
+
+    def __init__(self) -> None:
+        self._reads: asyncio.Queue[Sequence[T] | None] = asyncio.Queue()  # None: reading ended
+        self._left: list[T] = []  # arrived, not in a batch yet
+
+    def put(self, events: Sequence[T]) -> None:
+        if events:
+            self._reads.put_nowait(events)
+
+    def end(self) -> None:
+        """Reading ended: what was read but not taken stays uncommitted."""
+        self._reads.put_nowait(None)
+
+    async def next_batch(self, size: Callable[[T], int]) -> list[T] | None:
+        """The events that arrived while the last batch was handled, as `batches` cuts them
+        (at least one, waiting for it), or None once reading ended. No timer: a batch never
+        waits for more events than are there."""
+        if not self._left:
+            read = await self._reads.get()
+            if read is None:
+                return None
+            self._left = list(read)
+        while not self._reads.empty():
+            read = self._reads.get_nowait()
+            if read is None:
+                return None
+            self._left += read
+        end, total = 0, 0
+        for end, event in enumerate(self._left, 1):
+            total += size(event)
+            if end >= ENGINE_BATCH or total >= ENGINE_BATCH_BYTES:
+                break
+        batch, self._left = self._left[:end], self._left[end:]
+        return batch
 
 
 class CommitRounds(Generic[R]):
@@ -254,21 +281,25 @@ class Delivery(Generic[Token]):
         self.runner = runner
         self._runtime = runtime
         self._ledger: InOrder[Token] = InOrder()
-        self._room = asyncio.Semaphore(max_in_flight)
+        self._max_in_flight = max_in_flight
         self.in_flight = 0  # events read past `room` and not yet acknowledged or forgotten
+        self._freed = asyncio.Event()  # set as events leave the flight
         self._rounds: CommitRounds[object] = CommitRounds(runtime.commit, commit_interval)
         self._deliveries: dict[asyncio.Task[None], set[Partition]] = {}  # running
 
-    async def room(self) -> None:
-        """Wait until one more event may be read: fewer than max_in_flight are in flight."""
-        await self._room.acquire()
-        self.in_flight += 1
+    async def room(self, events: int = 1) -> None:
+        """Wait until `events` more may be read, a fetch at once: at most max_in_flight in
+        flight (more only if none is)."""
+        while self.in_flight and self.in_flight + events > self._max_in_flight:
+            self._freed.clear()
+            await self._freed.wait()
+        self.in_flight += events
 
-    async def assemble(self, arrived: asyncio.Queue[Token | None]) -> None:
+    async def assemble(self, arrived: Arrivals[Token]) -> None:
         """The loop: the events that `arrived` (each after its `room`) go to the engine in
-        batches (`next_batch`), in order, and each batch is delivered as a task. Returns
-        once reading ended (None arrived) or the worker is stopping."""
-        while (tokens := await next_batch(arrived, _size)) is not None:
+        batches (`Arrivals.next_batch`), in order, and each batch is delivered as a task.
+        Returns once reading ended or the worker is stopping."""
+        while (tokens := await arrived.next_batch(_size)) is not None:
             if await self.handle(tokens) is None:
                 return
 
@@ -290,7 +321,7 @@ class Delivery(Generic[Token]):
     def read(self, events: Sequence[tuple[Origin, Token]]) -> list[Entry[Token]]:
         """Track the events read, in order, each after its `room`; they are in flight until
         acknowledged or handed over."""
-        return [self._ledger.read(origin, token) for origin, token in events]
+        return self._ledger.read(events)
 
     def deliver(self, entries: list[Entry[Token]],
                 events: Sequence[Assembled]) -> asyncio.Task[None]:
@@ -338,9 +369,8 @@ class Delivery(Generic[Token]):
 
     def _leave(self, events: int) -> None:
         """That many events are no longer in flight here."""
-        for _ in range(events):
-            self._room.release()
-            self.in_flight -= 1
+        self.in_flight -= events
+        self._freed.set()
 
     async def revoke(self, partitions: Iterable[Partition], within: float) -> None:
         """Hand the partitions over: wait for their deliveries under way (`hand_over`), then

@@ -12,7 +12,7 @@ delivered during that interval and a commit round trip, not faust's timer's seco
 events, each a duplicate LLM call downstream.
 
 The events that arrived while the last batch was assembled go to the engine in one call
-(`delivery.next_batch`) and are delivered as one task, their records handed to faust's
+(`delivery.Arrivals`) and are delivered as one task, their records handed to faust's
 producer at once to share its batches (1 MiB, 5 ms linger). A record the broker refuses as
 too large may only have shared a batch over the topic's limit: it is sent again alone
 (`_LoneProducer`).
@@ -50,7 +50,7 @@ from context_assembler.collector import collect_less
 from context_assembler.kafka.batches import read_ahead, record_bytes
 from context_assembler.kafka.clients import KafkaClients, faust_client_config
 from context_assembler.kafka.records import Origin, OutRecord
-from context_assembler.kafka.runtime.delivery import Delivery, Entry
+from context_assembler.kafka.runtime.delivery import Arrivals, Delivery, Entry
 from context_assembler.kafka.runtime.membership import leave_on_stop
 from context_assembler.kafka.runtime.runner import EventRunner
 from context_assembler.kafka.tuning import (
@@ -114,16 +114,16 @@ def build_app(settings: Settings, runner: EventRunner, datadir: str) -> _App:
     @app.agent(source, concurrency=1)
     async def assemble(stream: faust.StreamT[bytes]) -> None:
         collect_less()  # faust, its consumer and producer are up: freeze what they made
-        arrived: asyncio.Queue[EventT[bytes] | None] = asyncio.Queue()  # None: reading ended
+        arrived: Arrivals[EventT[bytes]] = Arrivals()
 
         async def read() -> None:
             try:
                 manual_acks = stream.noack()  # type: ignore[attr-defined]  # on Stream only
                 async for event in manual_acks.events():
                     await delivery.room()
-                    arrived.put_nowait(event)
+                    arrived.put((event,))
             finally:
-                arrived.put_nowait(None)
+                arrived.end()
 
         reading = asyncio.create_task(read())
         try:

@@ -99,9 +99,10 @@ class EventRunner:
         limits learned. Each event is in flight until `settle`d."""
         received_ns = self.telemetry.received_ns()
         handled = await self.engine.process(events)
+        learned = self.sizes.learned  # fitting learns nothing
         outcomes = []
         for (raw, origin), (outcome, seconds) in zip(events, handled, strict=True):
-            if self.sizes.learned:
+            if learned:
                 outcome = self.sizes.fit(outcome, raw, origin, self.engine.context)
             self.telemetry.processed(origin, outcome, seconds, received_ns)
             outcomes.append(outcome)

@@ -68,7 +68,7 @@ from context_assembler.kafka.batches import read_ahead
 from context_assembler.kafka.clients import KafkaClients, acl_hint, group_consumer, kafka_security
 from context_assembler.kafka.errors import too_large
 from context_assembler.kafka.records import Origin, OutRecord
-from context_assembler.kafka.runtime.delivery import Delivery, Entry
+from context_assembler.kafka.runtime.delivery import Arrivals, Delivery, Entry
 from context_assembler.kafka.runtime.membership import leave_on_stop
 from context_assembler.kafka.runtime.retries import Attempts, Stopped
 from context_assembler.kafka.runtime.runner import EventRunner
@@ -168,7 +168,7 @@ class TransactionalWorker:
         consumer = self._consumer = group_consumer(settings, self.security)
         consumer.subscribe([settings.input_topic], listener=self.assignment)
         self.runner.watch_lag(consumer.last_stable_offset)  # read_committed reads up to it
-        arrived: asyncio.Queue[_Read | None] = asyncio.Queue()  # None: reading ended
+        arrived: Arrivals[_Read] = Arrivals()
         try:
             await self.runner.retry_forever("connect consumer", consumer.start)
             collect_less()  # the clients are up: freeze what start-up made
@@ -190,9 +190,8 @@ class TransactionalWorker:
             leave_on_stop(consumer)
             await consumer.stop()
 
-    async def _read(self, consumer: AIOKafkaConsumer, arrived: asyncio.Queue[_Read | None],
-                    ) -> None:
-        """Read the partitions held into `arrived`, each event after its room in flight."""
+    async def _read(self, consumer: AIOKafkaConsumer, arrived: Arrivals[_Read]) -> None:
+        """Read the partitions held into `arrived`, each fetch after its room in flight."""
         try:
             while not self.runner.stopping.is_set():
                 while read_ahead.full and self.delivery.in_flight:
@@ -210,14 +209,13 @@ class TransactionalWorker:
                 # event by event, the events trickling in as rounds freed room went to the
                 # engine, and to transactions, a few at a time.
                 reads = self._claim(batch)
-                for _ in reads:
-                    await self.delivery.room()
-                for read in reads:
-                    arrived.put_nowait(read)
+                if reads:
+                    await self.delivery.room(len(reads))
+                    arrived.put(reads)
                 if self._fenced:
                     await self._retake_fenced()
         finally:
-            arrived.put_nowait(None)
+            arrived.end()
 
     def _claim(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> list[_Read]:
         """The records of partitions held. Others are being taken (their producer starts, and
