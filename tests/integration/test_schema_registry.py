@@ -67,6 +67,13 @@ def register(broker: Broker, topics: Topics, registry: Registry) -> dict[str, in
     return ids
 
 
+async def registered(broker: Broker, registry: Registry) -> tuple[Topics, dict[str, int]]:
+    """Topics of their own, created, with their schemas registered (subject -> id)."""
+    topics = Topics.fresh()
+    await topics.create(broker)
+    return topics, await asyncio.to_thread(register, broker, topics, registry)
+
+
 def command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`context-assembler ARGS` with `env`, and no other ASSEMBLER_ setting."""
     clean = {name: value for name, value in os.environ.items()
@@ -104,9 +111,7 @@ async def test_framed_input_is_answered_framed_with_the_plain_paths_bytes(
     broker: Broker, schema_registry: Registry, logs: Path, guarantee: str,
     running_worker: StartWorker,
 ) -> None:
-    topics = Topics.fresh()
-    await topics.create(broker)
-    ids = await asyncio.to_thread(register, broker, topics, schema_registry)
+    topics, ids = await registered(broker, schema_registry)
     lines = events(40)
     expected_prompts, expected_audits = file_mode(lines)
     framed_lines, plain_lines = lines[:30], lines[30:]
@@ -183,9 +188,7 @@ async def test_a_registry_down_pauses_reading_and_reading_resumes_once_it_is_bac
     broker: Broker, schema_registry: Registry, logs: Path, guarantee: str,
     running_worker: StartWorker,
 ) -> None:
-    topics = Topics.fresh()
-    await topics.create(broker)
-    ids = await asyncio.to_thread(register, broker, topics, schema_registry)
+    topics, ids = await registered(broker, schema_registry)
     # A second id, which the worker has not seen when the registry goes down.
     client = registry_client(schema_registry)
     other = json.loads(CONTRACT) | {"description": "a second version, for this test"}

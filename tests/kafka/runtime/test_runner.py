@@ -185,14 +185,19 @@ class Producer:
                     acknowledged.set_result(None)
 
 
-async def test_a_batch_is_sent_at_once_and_only_its_failed_records_are_sent_again() -> None:
-    runner = make_runner()
-    batch = origins(3)
+async def sending(runner: EventRunner, events: int, producer: Producer) -> asyncio.Task[None]:
+    """`events` good events assembled in one batch, their delivery to `producer` under way."""
+    batch = origins(events)
     outcomes = await runner.process_all([(GOOD, o) for o in batch])
-    producer = Producer()
-    task = asyncio.create_task(runner.deliver_all(
+    return asyncio.create_task(runner.deliver_all(
         [(GOOD, o, outcome) for o, outcome in zip(batch, outcomes, strict=True)],
         producer.enqueue))
+
+
+async def test_a_batch_is_sent_at_once_and_only_its_failed_records_are_sent_again() -> None:
+    runner = make_runner()
+    producer = Producer()
+    task = await sending(runner, 3, producer)
     await asyncio.sleep(0.01)
     assert len(producer.sent) == 6 and not task.done()  # every record before any ack
     failing = producer.sent[3]  # the second event's audit
@@ -209,13 +214,9 @@ async def test_a_batch_is_sent_at_once_and_only_its_failed_records_are_sent_agai
 
 async def test_after_a_record_the_producer_refuses_the_rest_go_event_by_event() -> None:
     runner = make_runner(retry_backoff_max_seconds=0.05)
-    batch = origins(2)
-    outcomes = await runner.process_all([(GOOD, o) for o in batch])
     refusing = [True]
     producer = Producer(refuse=lambda record: refusing[0] and record.topic == "audit")
-    task = asyncio.create_task(runner.deliver_all(
-        [(GOOD, o, outcome) for o, outcome in zip(batch, outcomes, strict=True)],
-        producer.enqueue))
+    task = await sending(runner, 2, producer)
     await asyncio.sleep(0.01)
     # The first prompt went out; its audit was refused, so the second event was not tried
     # in the batch: its prompt and audit go with the retries, each once until acked.
@@ -232,12 +233,8 @@ async def test_after_a_record_the_producer_refuses_the_rest_go_event_by_event() 
 
 async def test_a_batch_cancelled_while_sending_is_settled_as_not_delivered() -> None:
     runner = make_runner()
-    batch = origins(2)
-    outcomes = await runner.process_all([(GOOD, o) for o in batch])
     producer = Producer()
-    task = asyncio.create_task(runner.deliver_all(
-        [(GOOD, o, outcome) for o, outcome in zip(batch, outcomes, strict=True)],
-        producer.enqueue))
+    task = await sending(runner, 2, producer)
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
