@@ -21,24 +21,40 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from harness.jvm import HarnessError, fetch_kafka
 from harness.kafka import Cluster, LocalBroker
 from harness.registry import Registry, fetch_registry, registry_java
 
 
-def broker(command: str, directory: Path) -> str | None:
-    local = LocalBroker(directory)
+class _Process(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def restart(self) -> None: ...
+    def running(self) -> bool: ...
+
+
+def _lifecycle(process: _Process, command: str, address: Callable[[], str],
+               not_running: str) -> str | None:
+    """start, stop or restart `process`, or (any other command) check that it runs; its
+    address unless it was stopped."""
     if command == "start":
-        local.start()
+        process.start()
     elif command == "stop":
-        local.stop()
+        process.stop()
         return None
     elif command == "restart":
-        local.restart()
-    elif not local.running():
-        raise HarnessError(f"the broker of {directory} is not running (stopped, or it exited)")
-    return local.bootstrap_servers
+        process.restart()
+    elif not process.running():
+        raise HarnessError(not_running)
+    return address()
+
+
+def broker(command: str, directory: Path) -> str | None:
+    local = LocalBroker(directory)
+    return _lifecycle(local, command, lambda: local.bootstrap_servers,
+                      f"the broker of {directory} is not running (stopped, or it exited)")
 
 
 def cluster(command: str, directory: Path, number: int | None) -> str | None:
@@ -68,16 +84,8 @@ def registry(command: str, directory: Path | None) -> str | None:
     if directory is None:
         raise HarnessError(f"registry {command} needs a directory")
     process = Registry(directory)
-    if command == "start":
-        process.start()
-    elif command == "stop":
-        process.stop()
-        return None
-    elif command == "restart":
-        process.restart()
-    elif not process.running():
-        raise HarnessError(f"the registry of {directory} is not running")
-    return process.url
+    return _lifecycle(process, command, lambda: process.url,
+                      f"the registry of {directory} is not running")
 
 
 def parser() -> argparse.ArgumentParser:
