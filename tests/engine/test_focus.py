@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Collection
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_assembler.contract.models import RetrievalResult
-from context_assembler.engine import assemble
+from context_assembler.engine import assemble, caches
 from context_assembler.engine.candidate import Candidate
 from context_assembler.engine.compress import ELISION
 from context_assembler.engine.dedup import CopyDetector
+from context_assembler.engine.facts import NOTHING_KNOWN
 from context_assembler.engine.focus import (
+    ANALYSES,
     DATE,
     NAME,
     NUMBER,
     FocusPacking,
+    _Joined,
+    _Passage,
     analyse,
     asks_for,
     focus,
     held_kinds,
     marks_of,
+    passage_terms,
+    scored,
     segments,
     sentence_counter,
     stem,
     terms,
+    title_terms,
 )
 from context_assembler.engine.policy import DedupPolicy, Policy, policy_from_mapping
 from context_assembler.engine.tokens import TiktokenCounter, get_counter
@@ -378,3 +387,77 @@ def test_long_sentences_are_cut_and_counted_as_the_tokenizer_counts_them(
     for number, segment in enumerate(cut):
         joined = "" if number == 0 else segment.joined
         assert counter.count(joined + segment.text) == fresh.count(joined + segment.text)
+
+
+# Texts where reading the word forms of the whole text and of its sentences could part:
+# sentence and line ends of every kind, a final sigma, a dotted capital I, runs of blanks,
+# and runs without a space long enough to be cut inside a word.
+ODD_TEXT = st.lists(
+    st.sampled_from(["Σ", "ΑΣ", "İ", "x", "released", "pumps", "_", "9", ".", "!", "?", " ",
+                     "  ", "\n", "\x1c", "\u2028", "\u00a0", "é", "y" * 70, "z" * 140]),
+    min_size=1, max_size=60).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(TEXT, ODD_TEXT))
+def test_a_passage_is_weighed_by_the_word_forms_its_sentences_hold(text: str) -> None:
+    """Before a passage is opened it is weighed by its word forms read from the whole text;
+    once opened, by its sentences': the two must be the same forms, or the question words'
+    weights (and the outputs) would depend on which passages were opened."""
+    candidate = Candidate(1, chunk("c", text))
+    candidate.facts = NOTHING_KNOWN  # what an earlier example remembered of the text
+    analysis = analyse(candidate, COUNTER.count, COUNTER.name)
+    read = passage_terms(candidate, None, lambda: analysis)
+    assert isinstance(read, Collection)  # read afresh: the forms themselves
+    assert set(read) == set(analysis.postings)
+    if candidate.facts.terms is not None:  # as the text's facts remember them
+        remembered = _Joined(candidate.facts.terms)
+        assert all(term in remembered for term in analysis.postings)
+        assert "absent" not in remembered
+        assert all(term[1:] in analysis.postings for term in analysis.postings
+                   if term[1:] in remembered)  # a form's tail is no form of its own
+        assert set(candidate.facts.terms.split("\n")) - {""} == set(analysis.postings)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events())
+def test_opening_passages_as_their_bounds_are_reached_ranks_every_segment_once_in_order(
+    evented: RetrievalResult,
+) -> None:
+    """A passage is opened only once its bound comes up: the segments still come best
+    first, every segment of every passage exactly once, as if all were scored at once."""
+    candidates = [Candidate(rank, c) for rank, c in enumerate(evented.chunks, start=1)]
+
+    def analysed(candidate: Candidate) -> Any:
+        return analyse(candidate, COUNTER.count, COUNTER.name)
+
+    passages = [_Passage(c, passage_terms(c, None, functools.partial(analysed, c)),
+                         title_terms(c.title)) for c in candidates]
+    ranked = list(scored(passages, evented.question, lambda p: p.open(analysed(p.candidate))))
+    assert ranked == sorted(ranked)
+    assert sorted((number, index) for _, number, index in ranked) == [
+        (number, index) for number, passage in enumerate(passages)
+        for index in range(len(passage.segments))]
+
+
+def test_a_passage_no_sentence_of_which_can_rank_is_never_analysed() -> None:
+    """A long event's passages that share no question word cannot hold a sentence among
+    the best: while better sentences fill the budget, they are weighed by their word forms
+    alone, never cut into sentences."""
+    gold = chunk("gold", "The Eiffel Tower was completed in 1889. The Eiffel Tower stands "
+                 "in Paris. The Eiffel Tower is 330 metres tall. The Eiffel Tower was the "
+                 "tallest tower then.", score=0.9)
+    fillers = [chunk(f"f{n}", f"Okapi {n} browses. Okapi {n} rests in shade at dusk.",
+                     score=0.5) for n in range(30)]
+    candidates = [Candidate(rank, c) for rank, c in enumerate([gold, *fillers], start=1)]
+    caches.reset()
+    kept, dropped = focus(candidates, FocusPacking(
+        budget=25, question="When was the Eiffel Tower completed?", count=COUNTER.count,
+        count_known=COUNTER.count_known, count_rest=COUNTER.count_rest, tokenizer=COUNTER.name,
+        header=lambda _: "[S9] (-) ", cost=lambda c, t: COUNTER.count(f"[S9] (-) {t}"),
+        separator_tokens=1, max_chunks=None), CopyDetector(DedupPolicy()))
+    assert [k.candidate.chunk_id for k in kept] == ["gold"]
+    assert len(dropped) == 30
+    analysed = [c.chunk_id for c in candidates
+                if ANALYSES.get((c.text_key, COUNTER.name)) is not None]
+    assert analysed == ["gold"]

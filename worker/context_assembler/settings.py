@@ -223,7 +223,8 @@ class Settings(BaseSettings):
         "the outputs, so it bounds what one event costs per input byte.")
     # The engine's caches (engine/caches.py): what it remembers of popular texts.
     cache_facts_bytes: Annotated[int, Flag("--cache-facts-bytes")] = _cache(
-        "facts", "Bytes the engine keeps of per-text facts (word sketches, passage costs).")
+        "facts", "Bytes the engine keeps of per-text facts (word sketches, passage costs, word "
+        "forms).")
     cache_words_bytes: Annotated[int, Flag("--cache-words-bytes")] = _cache(
         "words", "Bytes the engine keeps of word sets, for the near-copy test.")
     cache_tokens_bytes: Annotated[int, Flag("--cache-tokens-bytes")] = _cache(

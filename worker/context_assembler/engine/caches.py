@@ -53,8 +53,10 @@ class Registered:
 
 
 CACHES: Final[dict[str, Registered]] = {
-    # About 20,000 texts, each with a sketch and a cost.
-    "facts": Registered("per chunk text: its word sketches and passage costs", 24 * MiB),
+    # About 20,000 texts, each with a sketch and a cost (under focused compression, also
+    # its word forms: about 8,000 texts of 2 KB).
+    "facts": Registered(
+        "per chunk text: its word sketches, passage costs and word forms", 24 * MiB),
     # A 2 KB passage's entry is 20-30 KB: about 2,200 of them.
     "words": Registered("word sets of texts up to 4,096 characters", 56 * MiB),
     # An entry costs COUNT_ENTRY_BYTES whatever its text: about 175,000 texts per tokenizer.

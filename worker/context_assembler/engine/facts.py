@@ -1,5 +1,6 @@
 """What the engine learns of a chunk text once and reuses across requests: its word sketch
-(per title left out) and its passage costs (per rendering).
+(per title left out), its passage costs (per rendering) and, for focused compression, the
+word forms it holds.
 
 Popular chunks recur in request after request, and a large event drops most of its chunks
 after only these two questions: is it a copy of a kept passage (its sketch), and what would
@@ -53,6 +54,9 @@ class TextFacts(NamedTuple):
     sketches: tuple[Sketch, ...]  # by title, newest first
     costs: tuple[PassageCost, ...]  # by rendering and header fields, newest first
     nbytes: int  # what holding the entry costs, approximately
+    # the text's word forms, each between line breaks ("\nform\n" in it: the text holds
+    # it), or None until focusing first asks: a string costs a tenth of a set of them
+    terms: str | None = None
 
 
 NOTHING_KNOWN: Final = TextFacts((), (), _ENTRY_BYTES)
@@ -71,13 +75,16 @@ def known(key: int) -> TextFacts:
 
 
 def _remember(
-    key: int, sketch: Sketch | None = None, cost: PassageCost | None = None
+    key: int, sketch: Sketch | None = None, cost: PassageCost | None = None,
+    terms: str | None = None,
 ) -> TextFacts:
     """The entry of `key` with `sketch` or `cost` first among its kind, in place of any
-    answer to the same question, held from now on. Read afresh: another candidate of the
-    text (a copy in the same event) may have added an answer meanwhile."""
+    answer to the same question, or with its `terms`, held from now on. Read afresh:
+    another candidate of the text (a copy in the same event) may have added an answer
+    meanwhile."""
     facts = known(key)
     sketches, costs = facts.sketches, facts.costs
+    terms = facts.terms if terms is None else terms
     if sketch is not None:
         sketches = (sketch, *(s for s in sketches if s.title != sketch.title))
     if cost is not None:
@@ -87,8 +94,9 @@ def _remember(
     sketches, costs = sketches[:MAX_VARIANTS], costs[:MAX_VARIANTS]
     nbytes = (
         _ENTRY_BYTES + sum(s.nbytes for s in sketches) + sum(c.nbytes for c in costs)
+        + (sys.getsizeof(terms) if terms is not None else 0)
     )
-    facts = TextFacts(sketches, costs, nbytes)
+    facts = TextFacts(sketches, costs, nbytes, terms)
     FACTS.put(key, facts)
     return facts
 
@@ -111,3 +119,8 @@ def remember_cost(key: int, rendering: Rendering, fields: Fields, tokens: int) -
     strings = [part for part in (*rendering, *fields) if isinstance(part, str)]
     nbytes = _COST_BYTES + sys.getsizeof(fields) + sum(map(sys.getsizeof, strings))
     return _remember(key, cost=PassageCost(rendering, fields, tokens, nbytes))
+
+
+def remember_terms(key: int, terms: str) -> TextFacts:
+    """The facts of the text `key` from now on: its word forms are `terms`."""
+    return _remember(key, terms=terms)

@@ -32,7 +32,7 @@ import heapq
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -41,9 +41,10 @@ from context_assembler.engine import caches
 from context_assembler.engine.candidate import Candidate, Drop
 from context_assembler.engine.compress import ELISION
 from context_assembler.engine.dedup import CopyDetector
+from context_assembler.engine.facts import remember_terms
 from context_assembler.engine.lru import SizedCache
 from context_assembler.engine.render import neutralise
-from context_assembler.engine.words import words
+from context_assembler.engine.words import is_cached, words
 
 # A sentence ends at ".", "!" or "?" (a closing quote or bracket may follow) before blanks,
 # unless the stop ends an initial ("J. Smith", "U.S."): a single letter after a blank or
@@ -409,16 +410,64 @@ def _gaps(text: str, parts: tuple[Segment, ...]) -> tuple[int, ...] | None:
 
 @dataclass(slots=True)
 class _Passage:
+    """A candidate as focusing weighs it: by the word forms its text holds (`passage_terms`)
+    until its sentences may rank among the best, then by its analysis (`open`)."""
+
     candidate: Candidate
-    analysis: Analysis
-    segments: tuple[Segment, ...]
-    tokens: list[int]  # the analysis's counts of its segments, or NOT_COUNTED
+    terms: Container[str]  # the word forms its text holds
     titled: frozenset[str]  # the word forms of its title
-    chosen: list[bool]
+    analysis: Analysis | None = None  # once analysed (`opened` reads it)
+    segments: tuple[Segment, ...] = ()  # these three once opened
+    tokens: list[int] = field(default_factory=list)  # the analysis's counts, or NOT_COUNTED
+    chosen: list[bool] = field(default_factory=list)
     header: int = -1  # its cost without text, paid with its first segment (-1: not counted)
     header_text: str = ""  # the passage as rendered before its text, once counted
     taken: int = 0  # segments chosen
     admitted: bool = False
+
+    def open(self, analysis: Analysis) -> None:
+        self.analysis, self.segments, self.tokens = analysis, analysis.segments, analysis.tokens
+        self.chosen = [False] * len(analysis.segments)
+
+    @property
+    def opened(self) -> Analysis:
+        """Its analysis: only an opened passage has a segment taken or weighed."""
+        assert self.analysis is not None
+        return self.analysis
+
+
+class _Joined:
+    """Word forms each between line breaks, as the text's facts keep them: a string costs a
+    tenth of a set of them to hold, and a search in it a microsecond."""
+
+    __slots__ = ("joined",)
+
+    def __init__(self, joined: str) -> None:
+        self.joined = joined
+
+    def __contains__(self, term: object) -> bool:
+        return f"\n{term}\n" in self.joined
+
+
+def passage_terms(candidate: Candidate, analysis: Analysis | None,
+                  analysed: Callable[[], Analysis]) -> Container[str]:
+    """The word forms of the candidate's text: what weighs a passage before it is opened.
+    Its analysis's where it is at hand; else as its text's facts remember them; else read
+    from the whole text at once (the same forms as its analysis finds in its segments),
+    unless a run of the text without a space is long enough that a segment may be cut
+    inside a word (`_pieces`): then from its analysis. Remembered with the text's other
+    facts where its word set would be."""
+    if analysis is not None:
+        return analysis.postings
+    if candidate.facts.terms is not None:
+        return _Joined(candidate.facts.terms)
+    text = candidate.text
+    held: Collection[str] = (
+        terms(text) if max(map(len, text.split(" "))) < _LONGEST_CHARS
+        else analysed().postings.keys())
+    if is_cached(text, None):
+        candidate.facts = remember_terms(candidate.text_key, "\n" + "\n".join(held) + "\n")
+    return held
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,83 +541,104 @@ Ranked = tuple[float, int, int]  # (minus the score, passage index, segment inde
 # A passage of at most this many segments has each scored one by one: its segments mostly
 # match, neighbour one that does or open it, and sets and groups cost more than they save.
 _SCORED_WHOLE: Final = 16
+_UNOPENED: Final = -1  # the segment index of a passage's bound in the queue (`scored`)
+_SLACK: Final = 1e-9  # above the float rounding of a score's few additions
 
 
-def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
-           ) -> Iterator[Ranked]:
+@dataclass(frozen=True, slots=True)
+class _Question:
+    """What scoring a passage's segments needs of the question."""
+
+    words: frozenset[str]
+    asked: int  # `asks_for`
+    share: dict[str, float]  # what holding each of its word forms adds
+    weights: Weights
+
+
+def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Passage], None],
+           weights: Weights = WEIGHTS) -> Iterator[Ranked]:
     """Every segment, best first (ties: the better-ranked passage, then the earlier
-    segment), made lazily: only the segments a question word, a neighbour of one or a
-    passage's opening sets apart are scored one by one; the rest of a passage scores the
-    same within its two groups (holding what the question asks for, or not), which are
-    merged in as they are reached. An event's cost grows with the segments that match and
-    the segments taken, not with every segment of every passage. A short passage (most
-    of whose segments would be set apart anyway) has every segment scored."""
+    segment). A passage is opened (`open_passage`: cut into sentences, then scored) only
+    once its bound, the most any of its segments can score, is reached: until then it
+    waits in the queue at its bound, so that no segment of it can come after one it would
+    have preceded. A passage whose question words are few or common is never opened when
+    the budget is spent before, which keeps a large event's cost near that of the passages
+    it takes from. Within a passage, only the segments a question word, a neighbour of one
+    or its opening sets apart are scored one by one; the rest score the same within their
+    two groups (holding what the question asks for, or not). A short passage (most of whose
+    segments would be set apart anyway) has every segment scored."""
     question_terms = terms(question)
-    question_words = frozenset(words(question))
     shared_by = [
-        sorted(question_terms & passage.analysis.postings.keys() | question_terms & passage.titled)
+        sorted(term for term in question_terms if term in passage.terms or term in passage.titled)
         for passage in passages]
     idf = weights_of_terms(shared_by, question_terms)
     mass = sum(idf.values()) or 1.0
     share = {term: weight / mass for term, weight in idf.items()}  # what a match adds
     asked = asks_for(question)
+    asking = _Question(frozenset(words(question)), asked, share, weights)
     prior = priors([p.candidate for p in passages])
-    neighbour, asked_weight, opening = weights.neighbour, weights.asked, weights.opening
-    explicit: list[Ranked] = []
-    groups: list[Iterator[Ranked]] = []
+    added_most = (weights.asked if asked else 0.0) + weights.opening + _SLACK
+    queue: list[tuple[float, int, int, Iterator[Ranked] | None]] = []
+    bases: list[float] = []
     for number, passage in enumerate(passages):
-        analysis, size = passage.analysis, len(passage.segments)
         shared = shared_by[number]
         about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
-        postings = analysis.postings
-        # A segment marking a word the question names is judged by what else it marks
-        # (`held_kinds`); any other holds the kinds its analysis found.
-        judged: set[int] = set()
-        if asked:
-            marked = analysis.marked
-            for word in question_words:
-                if word in marked:
-                    judged.update(marked[word])
-        kinds_of, append = analysis.kinds, explicit.append
-        if size <= _SCORED_WHOLE:  # every segment scored: no sets, no groups to merge
-            row = [0.0] * (size + 2)  # segment i's match at i + 1, a zero either side
-            for term in shared:
-                holding_term = postings.get(term)
-                if holding_term:
-                    added = share[term]
-                    for index in holding_term:
-                        row[index + 1] += added
-            for index in range(size):
-                score = base + row[index + 1] + neighbour * max(row[index], row[index + 2])
-                kinds = (held_kinds(passage.segments[index].marks, question_words)
-                         if index in judged else kinds_of[index])
-                if kinds & asked:
-                    score += asked_weight
-                if index == 0:
-                    score += opening
-                append((-score, number, index))
+        bases.append(base)
+        matched = sum(share[t] for t in shared if t in passage.terms)
+        bound = base + (1 + weights.neighbour) * matched + added_most
+        queue.append((-bound, number, _UNOPENED, None))
+    heapq.heapify(queue)
+    while queue:
+        key, number, index, rest = queue[0]
+        if rest is None:  # a passage's bound: open it, queue its segments' streams instead
+            heapq.heappop(queue)
+            passage = passages[number]
+            open_passage(passage)
+            for stream in _segments_ranked(passage, number, bases[number], shared_by[number],
+                                           asking):
+                first = next(stream, None)
+                if first is not None:
+                    heapq.heappush(queue, (*first, stream))
             continue
-        matched: dict[int, float] = {}
+        yield key, number, index
+        following = next(rest, None)
+        if following is None:
+            heapq.heappop(queue)
+        else:
+            heapq.heapreplace(queue, (*following, rest))
+
+
+def _segments_ranked(passage: _Passage, number: int, base: float, shared: list[str],
+                     question: _Question) -> list[Iterator[Ranked]]:
+    """An opened passage's segments, in streams each best first: the ones scored one by one,
+    then its two groups of segments that share a score (`scored`)."""
+    analysis, size = passage.opened, len(passage.segments)
+    share, asked, question_words = question.share, question.asked, question.words
+    neighbour, opening = question.weights.neighbour, question.weights.opening
+    asked_weight = question.weights.asked
+    postings = analysis.postings
+    # A segment marking a word the question names is judged by what else it marks
+    # (`held_kinds`); any other holds the kinds its analysis found.
+    judged: set[int] = set()
+    if asked:
+        marked = analysis.marked
+        for word in question_words:
+            if word in marked:
+                judged.update(marked[word])
+    kinds_of = analysis.kinds
+    explicit: list[Ranked] = []
+    append = explicit.append
+    if size <= _SCORED_WHOLE:  # every segment scored: no sets, no groups
+        row = [0.0] * (size + 2)  # segment i's match at i + 1, a zero either side
         for term in shared:
             holding_term = postings.get(term)
             if holding_term:
                 added = share[term]
                 for index in holding_term:
-                    matched[index] = matched.get(index, 0.0) + added
-        # The matched segments, their neighbours, the opening and the judged ones.
-        special = set(matched)
-        special.update([index - 1 for index in matched])
-        special.update([index + 1 for index in matched])
-        special.discard(-1)
-        special.discard(size)
-        if size:
-            special.add(0)
-        special |= judged
-        found = matched.get
-        for index in sorted(special):
-            near = max(found(index - 1, 0.0), found(index + 1, 0.0))
-            score = base + found(index, 0.0) + neighbour * near
+                    row[index + 1] += added
+        for index in range(size):
+            score = base + row[index + 1] + neighbour * max(row[index], row[index + 2])
             kinds = (held_kinds(passage.segments[index].marks, question_words)
                      if index in judged else kinds_of[index])
             if kinds & asked:
@@ -576,12 +646,41 @@ def scored(passages: list[_Passage], question: str, weights: Weights = WEIGHTS
             if index == 0:
                 score += opening
             append((-score, number, index))
-        if len(special) < size:
-            holding, others = analysis.split(asked)
-            groups.append(_group(-(base + asked_weight), number, holding, special))
-            groups.append(_group(-base, number, others, special))
+        explicit.sort()
+        return [iter(explicit)]
+    matched: dict[int, float] = {}
+    for term in shared:
+        holding_term = postings.get(term)
+        if holding_term:
+            added = share[term]
+            for index in holding_term:
+                matched[index] = matched.get(index, 0.0) + added
+    # The matched segments, their neighbours, the opening and the judged ones.
+    special = set(matched)
+    special.update([index - 1 for index in matched])
+    special.update([index + 1 for index in matched])
+    special.discard(-1)
+    special.discard(size)
+    special.add(0)
+    special |= judged
+    found = matched.get
+    for index in special:
+        near = max(found(index - 1, 0.0), found(index + 1, 0.0))
+        score = base + found(index, 0.0) + neighbour * near
+        kinds = (held_kinds(passage.segments[index].marks, question_words)
+                 if index in judged else kinds_of[index])
+        if kinds & asked:
+            score += asked_weight
+        if index == 0:
+            score += opening
+        append((-score, number, index))
     explicit.sort()
-    return heapq.merge(explicit, *groups)
+    streams = [iter(explicit)]
+    if len(special) < size:
+        holding, others = analysis.split(asked)
+        streams.append(_group(-(base + asked_weight), number, holding, special))
+        streams.append(_group(-base, number, others, special))
+    return streams
 
 
 def _group(key: float, number: int, indices: tuple[int, ...], scored_apart: set[int]
@@ -623,7 +722,7 @@ class _Taking:
         low, high = needed[-1], needed[0]
         chosen, tokens = passage.chosen, passage.tokens
         if tokens[0] == NOT_COUNTED:  # the first time any segment of it is weighed
-            passage.analysis.count_segments(self.count)
+            passage.opened.count_segments(self.count)
         gap_before = low > 0 and not chosen[low - 1]
         gap_after = high + 1 < len(chosen) and not chosen[high + 1]
         marks = gap_before + gap_after - (1 if passage.taken else 0)
@@ -684,19 +783,26 @@ def focus(
 ) -> tuple[list[Focused], list[Drop]]:
     """The passages the best sentences come from, in the order they were first taken, and
     the candidates none of whose sentences was taken, with why."""
-    count = packing.count
-    passages: list[_Passage] = []
+    count, tokenizer = packing.count, packing.tokenizer
     count_sentence = sentence_counter(packing)
+
+    def analysed(candidate: Candidate) -> Analysis:
+        return analyse(candidate, count, tokenizer, count_sentence)
+
+    def open_passage(passage: _Passage) -> None:
+        passage.open(passage.analysis or analysed(passage.candidate))
+
+    passages = []
     for candidate in candidates:
-        found = analyse(candidate, count, packing.tokenizer, count_sentence)
-        passages.append(_Passage(candidate, found, found.segments, found.tokens,
-                                 title_terms(candidate.title), [False] * len(found.segments)))
+        at_hand = ANALYSES.get((candidate.text_key, tokenizer))
+        held = passage_terms(candidate, at_hand, functools.partial(analysed, candidate))
+        passages.append(_Passage(candidate, held, title_terms(candidate.title), at_hand))
     taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"), count,
                      packing.header)
     dropped: dict[int, Drop] = {}
     refused: set[int] = set()  # passages left out: copies, or beyond max_chunks
     stopped: tuple[int, str] | None = None
-    for place, (_, number, index) in enumerate(scored(passages, packing.question,
+    for place, (_, number, index) in enumerate(scored(passages, packing.question, open_passage,
                                                       packing.weights)):
         passage = passages[number]
         if number in refused or passage.chosen[index]:
@@ -778,10 +884,10 @@ def _rendered(passage: _Passage, packing: FocusPacking, elision: int) -> Focused
     if text is candidate.text or len(pieces) == 1:
         header = passage.header_text
         spaced = header.endswith(" ") and neutralise(candidate.text) == candidate.text
-        if spaced and passage.analysis.gaps is not None:
+        if spaced and passage.opened.gaps is not None:
             # the text after its blank counted from its segments' counts, then the passage
             # as its header (less the blank) and that: the tokenizer does not read it again
-            known: int | None = _spaced_whole(passage, passage.analysis.gaps, packing)
+            known: int | None = _spaced_whole(passage, passage.opened.gaps, packing)
             tokens = packing.count_known([header[:-1], f" {candidate.text}"], [None, known])
             return Focused(candidate, candidate.text, tokens, False, sentences, known)
         tokens = packing.cost(candidate, candidate.text)
@@ -814,7 +920,7 @@ def _spaced_first(passage: _Passage, packing: FocusPacking) -> int:
     start (the analysis's) and its first word's two counts (short, mostly cached) where
     the counter says the rest counts alone, so that the tokenizer does not read the
     sentence again; once per analysis."""
-    spaced = passage.analysis.spaced
+    spaced = passage.opened.spaced
     found = spaced.get(_FIRST)
     if found is not None:
         return found
@@ -832,7 +938,7 @@ def _spaced_whole(passage: _Passage, gaps: tuple[int, ...], packing: FocusPackin
     """The count of the passage's whole text after a blank, from its segments' counts (each
     after one space; a longer run of spaces is its spaces but one, then that); once per
     analysis."""
-    spaced = passage.analysis.spaced
+    spaced = passage.opened.spaced
     found = spaced.get(_WHOLE)
     if found is not None:
         return found
