@@ -626,28 +626,6 @@ def _segments_ranked(passage: _Passage, number: int, base: float, shared: list[s
         for word in question_words:
             if word in marked:
                 judged.update(marked[word])
-    kinds_of = analysis.kinds
-    explicit: list[Ranked] = []
-    append = explicit.append
-    if size <= _SCORED_WHOLE:  # every segment scored: no sets, no groups
-        row = [0.0] * (size + 2)  # segment i's match at i + 1, a zero either side
-        for term in shared:
-            holding_term = postings.get(term)
-            if holding_term:
-                added = share[term]
-                for index in holding_term:
-                    row[index + 1] += added
-        for index in range(size):
-            score = base + row[index + 1] + neighbour * max(row[index], row[index + 2])
-            kinds = (held_kinds(passage.segments[index].marks, question_words)
-                     if index in judged else kinds_of[index])
-            if kinds & asked:
-                score += asked_weight
-            if index == 0:
-                score += opening
-            append((-score, number, index))
-        explicit.sort()
-        return [iter(explicit)]
     matched: dict[int, float] = {}
     for term in shared:
         holding_term = postings.get(term)
@@ -655,18 +633,14 @@ def _segments_ranked(passage: _Passage, number: int, base: float, shared: list[s
             added = share[term]
             for index in holding_term:
                 matched[index] = matched.get(index, 0.0) + added
-    # The matched segments, their neighbours, the opening and the judged ones.
-    special = set(matched)
-    special.update([index - 1 for index in matched])
-    special.update([index + 1 for index in matched])
-    special.discard(-1)
-    special.discard(size)
-    special.add(0)
-    special |= judged
-    found = matched.get
+    special: set[int] | range = (  # a short passage: every segment, no sets, no groups
+        range(size) if size <= _SCORED_WHOLE else _set_apart(matched, judged, size))
+    kinds_of, found = analysis.kinds, matched.get
+    explicit: list[Ranked] = []
+    append = explicit.append
     for index in special:
-        near = max(found(index - 1, 0.0), found(index + 1, 0.0))
-        score = base + found(index, 0.0) + neighbour * near
+        score = base + found(index, 0.0) + neighbour * max(found(index - 1, 0.0),
+                                                            found(index + 1, 0.0))
         kinds = (held_kinds(passage.segments[index].marks, question_words)
                  if index in judged else kinds_of[index])
         if kinds & asked:
@@ -683,7 +657,20 @@ def _segments_ranked(passage: _Passage, number: int, base: float, shared: list[s
     return streams
 
 
-def _group(key: float, number: int, indices: tuple[int, ...], scored_apart: set[int]
+def _set_apart(matched: dict[int, float], judged: set[int], size: int) -> set[int]:
+    """The segments of a long passage scored one by one: the matched ones, their
+    neighbours, the opening and the judged ones."""
+    special = set(matched)
+    special.update([index - 1 for index in matched])
+    special.update([index + 1 for index in matched])
+    special.discard(-1)
+    special.discard(size)
+    special.add(0)
+    special |= judged
+    return special
+
+
+def _group(key: float, number: int, indices: tuple[int, ...], scored_apart: set[int] | range
            ) -> Iterator[Ranked]:
     """The segments of one passage that share a score, but those scored one by one."""
     return ((key, number, index) for index in indices if index not in scored_apart)
