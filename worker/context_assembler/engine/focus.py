@@ -34,7 +34,8 @@ import re
 import sys
 from collections.abc import Callable, Collection, Container, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from itertools import compress
+from typing import Final, NamedTuple
 
 from context_assembler.contract.models import DropReason
 from context_assembler.engine import caches
@@ -114,20 +115,23 @@ WEIGHTS: Final = Weights()
 
 def _stem(word: str) -> str:
     """A light word form: plural, past and -ing endings and a final e or y off, so that
-    "released", "releases" and "release" meet, and "movies" and "movie"."""
-    if len(word) <= 3 or not word.isalpha():
+    "released", "releases" and "release" meet, and "movies" and "movie". An ending goes
+    only where at least three letters stay: "-ies" becomes "i", "-sses" "ss", "-es" "e";
+    a final "s" stays after "s", "u" or "i" ("glass", "bus")."""
+    size = len(word)
+    if size <= 3 or not word.isalpha():
         return word
-    if word[-1] not in "sdg":  # no ending below: only the final e or y can go
-        return word[:-1] + ("i" if word[-1] == "y" else "") if word[-1] in "ey" else word
-    for suffix, keep in (("ies", "i"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e"),
-                         ("s", "")):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            if suffix == "s" and word.endswith(("ss", "us", "is")):
-                break
-            word = word[: len(word) - len(suffix)] + keep
-            break
+    if word[-1] == "s":
+        if (word.endswith("ies") and size >= 6) or (word.endswith("sses") and size >= 7):
+            word = word[:-2]  # "-ies" to "i", "-sses" to "ss"
+        elif (word.endswith("es") and size >= 5) or word[-2] not in "sui":
+            word = word[:-1]  # "-es" to "e", or the "s" off
+    elif word.endswith("ed") and size >= 5:
+        word = word[:-2]
+    elif word.endswith("ing") and size >= 6:
+        word = word[:-3]
     if len(word) > 3 and word[-1] in "ey":
-        word = word[:-1] + ("i" if word[-1] == "y" else "")
+        return word[:-1] + "i" if word[-1] == "y" else word[:-1]
     return word
 
 
@@ -143,9 +147,14 @@ def stem(word: str) -> str:
 
 def terms(text: str) -> frozenset[str]:
     """The word forms of `text` that can say what it is about."""
+    return _forms(words(text))
+
+
+def _forms(found: list[str]) -> frozenset[str]:
+    """`terms` of a text whose words are `found`."""
     return frozenset(  # `stem` inlined: a call less a word
         _stem_short(word) if len(word) <= _CACHED_WORD_CHARS else _stem(word)
-        for word in words(text) if word not in STOPWORDS)
+        for word in found if word not in STOPWORDS)
 
 
 _title_terms_short = functools.lru_cache(caches.max_entries("title_forms"))(terms)
@@ -233,23 +242,91 @@ def segments(text: str, count: Callable[[str], int],
     into pieces at spaces (at a character if it has none): every piece verbatim. A segment
     that starts a line is joined to the one before by a line break, so that the rows of a
     table or a list stay rows."""
-    found: list[Segment] = []
+    return _segmented(text, count, count_sentence).segments
+
+
+class _Segmented(NamedTuple):
+    """A passage's segments, and the words of each (`words`), which its analysis reads."""
+
+    segments: list[Segment]
+    words: list[list[str]]
+
+
+def _segmented(text: str, count: Callable[[str], int],
+               count_sentence: SentenceCount | None) -> _Segmented:
+    """`segments` made a passage at a time rather than a sentence at a time: the sentences
+    of every line, the pieces of the long ones alone, then the words of them all at once
+    (`_words_each`)."""
+    sentences: list[str] = []
+    opening: list[int] = []  # the sentences that open a line
     for line in text.splitlines():
-        opens_line = True
-        for sentence in _SENTENCE_END.split(line):
-            sentence = sentence.strip()
-            if not sentence:
-                continue
-            first = words(sentence[:40])
-            leans = bool(first) and first[0] in LEANING
-            alone = (count_sentence(sentence, not opens_line) if count_sentence
-                     else count(sentence)) if len(sentence) > _LONGEST_CHARS else 0
-            for number, piece in enumerate(_pieces(sentence, alone)):
-                joined = "\n" if opens_line else " " if number == 0 or piece[1] else ""
-                opens_line = False
-                found.append(Segment(piece[0], joined, leans if number == 0 else True,
-                                     marks_of(piece[0])))
-    return found
+        found = list(filter(None, map(str.strip, _SENTENCE_END.split(line))))
+        if found:
+            opening.append(len(sentences))
+            sentences += found
+    joins = [" "] * len(sentences)
+    for index in opening:
+        joins[index] = "\n"
+    texts = sentences
+    leaning: dict[int, bool] = {}  # what the pieces of a cut sentence lean on, by place
+    long = list(compress(range(len(sentences)), map(_LONGEST_CHARS.__lt__, map(len, sentences))))
+    if long:
+        texts, joins, leaning = _cut_long(sentences, joins, long, count, count_sentence)
+    words_of, heads = _words_each(texts, text.isascii())
+    leans = [bool(head) and head[0] in LEANING for head in heads]
+    for index, lean in leaning.items():
+        leans[index] = lean
+    return _Segmented(list(map(Segment, texts, joins, leans, map(marks_of, texts))), words_of)
+
+
+def _cut_long(sentences: list[str], joins: list[str], long: list[int],
+              count: Callable[[str], int], count_sentence: SentenceCount | None
+              ) -> tuple[list[str], list[str], dict[int, bool]]:
+    """The sentences with each long one (`long`: their places) that counts more than
+    MAX_SEGMENT_TOKENS cut into pieces (`_pieces`); the joins of them all; whether each
+    piece of a cut sentence leans (the first as its sentence does, the others always)."""
+    texts: list[str] = []
+    joined: list[str] = []
+    leaning: dict[int, bool] = {}
+    done = 0  # the sentences before this one are in `texts`
+    for index in long:
+        sentence, join = sentences[index], joins[index]
+        pieces = _pieces(sentence, count_sentence(sentence, join != "\n") if count_sentence
+                         else count(sentence))
+        if len(pieces) == 1:
+            continue
+        texts += sentences[done:index]
+        joined += joins[done:index]
+        done = index + 1
+        first = words(sentence[:40])
+        leaning[len(texts)] = bool(first) and first[0] in LEANING
+        for number, (piece, spaced) in enumerate(pieces):
+            if number:
+                leaning[len(texts)] = True
+            texts.append(piece)
+            joined.append(join if number == 0 else " " if spaced else "")
+    if not done:
+        return sentences, joins, leaning
+    return texts + sentences[done:], joined + joins[done:], leaning
+
+
+# What `words` does to an ASCII text, in one table, but that a line break stays: the words
+# of many texts, none of which holds one, are found in one pass and told apart.
+_LOWER_WORDS_BUT_LINES: Final = bytes(
+    code if chr(code) == "\n" else ord(chr(code).lower())
+    if chr(code).isalnum() or chr(code) == "_" else ord(" ")
+    for code in range(128)) + bytes(range(128, 256))
+
+
+def _words_each(texts: list[str], ascii: bool) -> tuple[list[list[str]], list[list[str]]]:
+    """`words` of each text (none holds a line break), and the first word of each text's
+    first 40 characters (a list of it, empty if there is none): in ASCII, for all of them
+    at once, since `words` costs more a call than a word."""
+    if not ascii:
+        return list(map(words, texts)), [words(sentence[:40]) for sentence in texts]
+    blanked = ("\n".join(texts).encode("ascii").translate(_LOWER_WORDS_BUT_LINES)
+               .decode("ascii").split("\n") if texts else [])
+    return list(map(str.split, blanked)), [blank[:40].split(None, 1) for blank in blanked]
 
 
 _LONGEST_CHARS: Final = MAX_SEGMENT_TOKENS * _CHARS_PER_TOKEN_LEAST  # a piece's at most
@@ -348,10 +425,11 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
     found = ANALYSES.get(key)
     if found is not None:
         return found
-    parts = tuple(segments(candidate.text, count, count_sentence))
+    cut = _segmented(candidate.text, count, count_sentence)
+    parts = tuple(cut.segments)
     postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
-    for index, part in enumerate(parts):
-        for term in terms(part.text):
+    for index, found_words in enumerate(cut.words):
+        for term in _forms(found_words):
             holding = postings.get(term)  # no list made and thrown away per word
             if holding is None:
                 postings[term] = [index]
@@ -370,12 +448,11 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
     kinds = tuple(kinds_of)
     nbytes = (
         _ENTRY_BYTES + 2 * len(candidate.text)
-        + sum(_SEGMENT_BYTES + _WORD_BYTES * len(s.marks) for s in parts)
+        + _SEGMENT_BYTES * len(parts) + _WORD_BYTES * sum(len(part.marks) for part in parts)
         # word forms counted as if no other passage held them (they are often shared)
-        + sum(map(sys.getsizeof, postings))
-        + sum(_POSTING_BYTES + (1 if len(parts) <= 256 else _INDEX_BYTES) * len(found)
-              for found in postings.values())
-        + sum(_POSTING_BYTES + _INDEX_BYTES * len(found) for found in marked.values())
+        + sum(map(sys.getsizeof, postings)) + _POSTING_BYTES * len(postings)
+        + (1 if len(parts) <= 256 else _INDEX_BYTES) * sum(map(len, postings.values()))
+        + _POSTING_BYTES * len(marked) + _INDEX_BYTES * sum(map(len, marked.values()))
         + _SPLITS_BYTES * len(parts)
         + _SPACED_BYTES + _INDEX_BYTES * len(parts)  # `spaced` and `gaps`
     )
