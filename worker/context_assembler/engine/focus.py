@@ -147,14 +147,9 @@ def stem(word: str) -> str:
 
 def terms(text: str) -> frozenset[str]:
     """The word forms of `text` that can say what it is about."""
-    return _forms(words(text))
-
-
-def _forms(found: list[str]) -> frozenset[str]:
-    """`terms` of a text whose words are `found`."""
     return frozenset(  # `stem` inlined: a call less a word
         _stem_short(word) if len(word) <= _CACHED_WORD_CHARS else _stem(word)
-        for word in found if word not in STOPWORDS)
+        for word in words(text) if word not in STOPWORDS)
 
 
 _title_terms_short = functools.lru_cache(caches.max_entries("title_forms"))(terms)
@@ -272,11 +267,35 @@ def _segmented(text: str, count: Callable[[str], int],
     long = list(compress(range(len(sentences)), map(_LONGEST_CHARS.__lt__, map(len, sentences))))
     if long:
         texts, joins, leaning = _cut_long(sentences, joins, long, count, count_sentence)
-    words_of, heads = _words_each(texts, text.isascii())
+    ascii = text.isascii()
+    words_of, heads = _words_each(texts, ascii)
     leans = [bool(head) and head[0] in LEANING for head in heads]
     for index, lean in leaning.items():
         leans[index] = lean
-    return _Segmented(list(map(Segment, texts, joins, leans, map(marks_of, texts))), words_of)
+    marks = (_ascii_marks_each(texts, words_of, _ASCII_DIGIT.search(text) is not None)
+             if ascii else list(map(marks_of, texts)))
+    return _Segmented(list(map(Segment, texts, joins, leans, marks)), words_of)
+
+
+_ASCII_DIGIT: Final = re.compile("[0-9]")
+
+
+def _ascii_marks_each(texts: list[str], words_of: list[list[str]], digits: bool
+                      ) -> list[Marks]:
+    """`marks_of` each ASCII text (`words_of`: its words; `digits`: whether any holds a
+    digit), with no token looked at in a text that can hold no mark: one with no month or
+    number word among its words, no digit, and no capital after its first token (most
+    sentences). A token's word, stripped of the punctuation around it, is one of its
+    text's words, so a month or a number word shows among them."""
+    marks: list[Marks] = []
+    for text, found in zip(texts, words_of, strict=True):
+        if _COUNTED.isdisjoint(found) and not (digits and _ASCII_DIGIT.search(text)):
+            rest = text.split(None, 1)[1:]  # after the first token, if anything is
+            if not rest or rest[0] == rest[0].lower():
+                marks.append(())
+                continue
+        marks.append(marks_of(text))
+    return marks
 
 
 def _cut_long(sentences: list[str], joins: list[str], long: list[int],
@@ -319,13 +338,33 @@ _LOWER_WORDS_BUT_LINES: Final = bytes(
 
 
 def _words_each(texts: list[str], ascii: bool) -> tuple[list[list[str]], list[list[str]]]:
-    """`words` of each text (none holds a line break), and the first word of each text's
-    first 40 characters (a list of it, empty if there is none): in ASCII, for all of them
-    at once, since `words` costs more a call than a word."""
-    if not ascii:
-        return list(map(words, texts)), [words(sentence[:40]) for sentence in texts]
+    """`words` of each text (none holds a line break), and the words of each text's first
+    40 characters (only the first is read; an ASCII text's are cut after it): the ASCII
+    texts all at once (`ascii`: all are), since `words` costs more a call than a word."""
+    if ascii:
+        return _ascii_words_each(texts)
+    plain = list(map(str.isascii, texts))
+    found, heads = _ascii_words_each(list(compress(texts, plain)))
+    batched = iter(range(len(found)))
+    words_of: list[list[str]] = []
+    heads_of: list[list[str]] = []
+    for text, is_plain in zip(texts, plain, strict=True):
+        if is_plain:
+            at = next(batched)
+            words_of.append(found[at])
+            heads_of.append(heads[at])
+        else:
+            words_of.append(words(text))
+            heads_of.append(words(text[:40]))
+    return words_of, heads_of
+
+
+def _ascii_words_each(texts: list[str]) -> tuple[list[list[str]], list[list[str]]]:
+    """`_words_each` of ASCII texts: blanked and lower-cased in one pass, then split."""
+    if not texts:
+        return [], []
     blanked = ("\n".join(texts).encode("ascii").translate(_LOWER_WORDS_BUT_LINES)
-               .decode("ascii").split("\n") if texts else [])
+               .decode("ascii").split("\n"))
     return list(map(str.split, blanked)), [blank[:40].split(None, 1) for blank in blanked]
 
 
@@ -427,13 +466,19 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
         return found
     cut = _segmented(candidate.text, count, count_sentence)
     parts = tuple(cut.segments)
-    postings: dict[str, list[int]] = {}  # the segments' word forms are kept only here
+    # The segments' word forms (`terms`) are kept only here: each segment's index once in
+    # the list of each form it holds, as its words come (no set made per segment).
+    postings: dict[str, list[int]] = {}
+    holding_of = postings.get
     for index, found_words in enumerate(cut.words):
-        for term in _forms(found_words):
-            holding = postings.get(term)  # no list made and thrown away per word
+        for word in found_words:
+            if word in STOPWORDS:
+                continue
+            term = _stem_short(word) if len(word) <= _CACHED_WORD_CHARS else _stem(word)
+            holding = holding_of(term)  # no list made and thrown away per word
             if holding is None:
                 postings[term] = [index]
-            else:
+            elif holding[-1] != index:
                 holding.append(index)
     marked: dict[str, list[int]] = {}
     kinds_of: list[int] = []
