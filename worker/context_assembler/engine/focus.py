@@ -504,7 +504,7 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
     compact: Callable[[list[int]], bytes | tuple[int, ...]] = (
         bytes if len(parts) <= 256 else tuple)
     found = Analysis(parts, [NOT_COUNTED] * len(parts),
-                     {t: compact(i) for t, i in postings.items()}, kinds,
+                     dict(zip(postings, map(compact, postings.values()), strict=True)), kinds,
                      {w: tuple(i) for w, i in marked.items()}, nbytes,
                      _gaps(candidate.text, parts))
     ANALYSES.put(key, found)
