@@ -245,6 +245,7 @@ class _Segmented(NamedTuple):
 
     segments: list[Segment]
     words: list[list[str]]
+    ascii: bool  # whether the passage is ASCII, and so every word
 
 
 def _segmented(text: str, count: Callable[[str], int],
@@ -274,7 +275,7 @@ def _segmented(text: str, count: Callable[[str], int],
         leans[index] = lean
     marks = (_ascii_marks_each(texts, words_of, _ASCII_DIGIT.search(text) is not None)
              if ascii else list(map(marks_of, texts)))
-    return _Segmented(list(map(Segment, texts, joins, leans, marks)), words_of)
+    return _Segmented(list(map(Segment, texts, joins, leans, marks)), words_of, ascii)
 
 
 _ASCII_DIGIT: Final = re.compile("[0-9]")
@@ -455,6 +456,8 @@ _POSTING_BYTES: Final = 64  # a word form's entry in `postings`: its slot and it
 _INDEX_BYTES: Final = 8  # a segment's index in a marked word's tuple (small ints are shared)
 _SPLITS_BYTES: Final = 64  # a segment's place in the `split` of every kind of question
 _SPACED_BYTES: Final = 240  # `spaced`, once filled: a small dict of two counts
+# `sys.getsizeof` of an ASCII str is this and its length (CPython's compact strings)
+_ASCII_STR_BYTES: Final = sys.getsizeof("")
 
 
 def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
@@ -495,7 +498,9 @@ def analyse(candidate: Candidate, count: Callable[[str], int], tokenizer: str,
         _ENTRY_BYTES + 2 * len(candidate.text)
         + _SEGMENT_BYTES * len(parts) + _WORD_BYTES * sum(len(part.marks) for part in parts)
         # word forms counted as if no other passage held them (they are often shared)
-        + sum(map(sys.getsizeof, postings)) + _POSTING_BYTES * len(postings)
+        + (_ASCII_STR_BYTES * len(postings) + sum(map(len, postings)) if cut.ascii
+           else sum(map(sys.getsizeof, postings)))
+        + _POSTING_BYTES * len(postings)
         + (1 if len(parts) <= 256 else _INDEX_BYTES) * sum(map(len, postings.values()))
         + _POSTING_BYTES * len(marked) + _INDEX_BYTES * sum(map(len, marked.values()))
         + _SPLITS_BYTES * len(parts)
