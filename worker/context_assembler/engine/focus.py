@@ -121,15 +121,18 @@ def _stem(word: str) -> str:
     size = len(word)
     if size <= 3 or not word.isalpha():
         return word
-    if word[-1] == "s":
+    last = word[-1]
+    if last == "s":
         if (word.endswith("ies") and size >= 6) or (word.endswith("sses") and size >= 7):
             word = word[:-2]  # "-ies" to "i", "-sses" to "ss"
         elif (word.endswith("es") and size >= 5) or word[-2] not in "sui":
             word = word[:-1]  # "-es" to "e", or the "s" off
-    elif word.endswith("ed") and size >= 5:
+    elif last == "d" and word[-2] == "e" and size >= 5:
         word = word[:-2]
-    elif word.endswith("ing") and size >= 6:
+    elif last == "g" and word.endswith("ing") and size >= 6:
         word = word[:-3]
+    elif last not in "ey":  # most words: nothing to take off
+        return word
     if len(word) > 3 and word[-1] in "ey":
         return word[:-1] + "i" if word[-1] == "y" else word[:-1]
     return word
