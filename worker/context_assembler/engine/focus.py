@@ -276,24 +276,25 @@ def _segmented(text: str, count: Callable[[str], int],
     leans = [bool(head) and head[0] in LEANING for head in heads]
     for index, lean in leaning.items():
         leans[index] = lean
-    marks = (_ascii_marks_each(texts, words_of, _ASCII_DIGIT.search(text) is not None)
-             if ascii else list(map(marks_of, texts)))
+    marks = _marks_each(texts, words_of, ascii, _ASCII_DIGIT.search(text) is not None)
     return _Segmented(list(map(Segment, texts, joins, leans, marks)), words_of, ascii)
 
 
 _ASCII_DIGIT: Final = re.compile("[0-9]")
 
 
-def _ascii_marks_each(texts: list[str], words_of: list[list[str]], digits: bool
-                      ) -> list[Marks]:
-    """`marks_of` each ASCII text (`words_of`: its words; `digits`: whether any holds a
-    digit), with no token looked at in a text that can hold no mark: one with no month or
-    number word among its words, no digit, and no capital after its first token (most
-    sentences). A token's word, stripped of the punctuation around it, is one of its
-    text's words, so a month or a number word shows among them."""
+def _marks_each(texts: list[str], words_of: list[list[str]], ascii: bool, digits: bool
+                ) -> list[Marks]:
+    """`marks_of` each text (`words_of`: its words; `ascii`: whether all are ASCII;
+    `digits`: whether any holds an ASCII digit), with no token looked at in an ASCII text
+    that can hold no mark: one with no month or number word among its words, no digit,
+    and no capital after its first token (most sentences). A token's word, stripped of the
+    punctuation around it, is one of its text's words, so a month or a number word shows
+    among them."""
     marks: list[Marks] = []
     for text, found in zip(texts, words_of, strict=True):
-        if _COUNTED.isdisjoint(found) and not (digits and _ASCII_DIGIT.search(text)):
+        if ((ascii or text.isascii()) and _COUNTED.isdisjoint(found)
+                and not (digits and _ASCII_DIGIT.search(text))):
             rest = text.split(None, 1)[1:]  # after the first token, if anything is
             if not rest or rest[0] == rest[0].lower():
                 marks.append(())
