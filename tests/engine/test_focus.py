@@ -234,6 +234,40 @@ def test_a_long_sentence_is_taken_in_pieces_of_its_own_text() -> None:
     assert all(COUNTER.count(s.text) <= 2 * 64 for s in found)
 
 
+# Parts of passages that ASCII and other text handle apart: capitals that lower-case to two
+# characters or to ASCII, final sigma, other scripts' digits, blanks that end a line or not,
+# words past the 32 characters whose forms are cached, sentences cut into pieces; among
+# plain words, so that most sentences hold no mark, as in prose.
+PASSAGE_PARTS = st.sampled_from([
+    *[" "] * 12, *["the", "pump", "Smith", "It", "water", "runs", "of", ". "] * 3,
+    "it", "He", "However", "may", "May", "MAY", "two", "Two", "1998", "1990s", "21st", "J.",
+    "U.S.", "(May", "March,", '"Smith"', "first.", "hundred", "released", "releases",
+    "glasses", "a", "İstanbul", "\u212aelvin", "ΑΣ", "é", "²", "\u0661", "…", "x" * 40,
+    "long" * 40, "  ", "? ", ".\n", "\n", "\t", "\xa0", "\u2028", "! ", ") ",
+])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(PASSAGE_PARTS, min_size=1, max_size=120).map("".join))
+def test_an_analysis_finds_in_each_segment_what_the_segment_alone_says(text: str) -> None:
+    """A passage is analysed at once (its words found in one pass, its markless sentences
+    skipped), and what the analysis holds of each segment is what that segment's text says
+    read alone: its marks and kinds of answer, the word forms it is indexed under."""
+    if not text.strip():
+        return
+    found = analyse(Candidate(1, chunk("c", text)), COUNTER.count, COUNTER.name)
+    indexed: dict[str, list[int]] = {}
+    for index, segment in enumerate(found.segments):
+        assert segment.marks == marks_of(segment.text)
+        kinds = 0
+        for _, kind in segment.marks:
+            kinds |= kind
+        assert found.kinds[index] == kinds
+        for term in sorted(terms(segment.text)):
+            indexed.setdefault(term, []).append(index)
+    assert {term: list(held) for term, held in found.postings.items()} == indexed
+
+
 def test_the_subject_comes_with_a_pronoun_sentence() -> None:
     """A kept "It shipped yesterday" brings the sentence that says what "it" is."""
     text = ("The PW-2400 pump is our newest model. Our warehouse staff packed orders all week. "
