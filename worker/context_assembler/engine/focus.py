@@ -272,8 +272,7 @@ def _segmented(text: str, count: Callable[[str], int],
     if long:
         texts, joins, leaning = _cut_long(sentences, joins, long, count, count_sentence)
     ascii = text.isascii()
-    words_of, heads = _words_each(texts, ascii)
-    leans = [bool(head) and head[0] in LEANING for head in heads]
+    words_of, leans = _words_each(texts, ascii)
     for index, lean in leaning.items():
         leans[index] = lean
     marks = _marks_each(texts, words_of, ascii, _ASCII_DIGIT.search(text) is not None)
@@ -322,8 +321,7 @@ def _cut_long(sentences: list[str], joins: list[str], long: list[int],
         texts += sentences[done:index]
         joined += joins[done:index]
         done = index + 1
-        first = words(sentence[:40])
-        leaning[len(texts)] = bool(first) and first[0] in LEANING
+        leaning[len(texts)] = _leans(words(sentence[:40]))
         for number, (piece, spaced) in enumerate(pieces):
             if number:
                 leaning[len(texts)] = True
@@ -342,35 +340,46 @@ _LOWER_WORDS_BUT_LINES: Final = bytes(
     for code in range(128)) + bytes(range(128, 256))
 
 
-def _words_each(texts: list[str], ascii: bool) -> tuple[list[list[str]], list[list[str]]]:
-    """`words` of each text (none holds a line break), and the words of each text's first
-    40 characters (only the first is read; an ASCII text's are cut after it): the ASCII
-    texts all at once (`ascii`: all are), since `words` costs more a call than a word."""
+def _leans(opening: list[str]) -> bool:
+    """Whether a sentence whose first 40 characters hold the words `opening` leans on the
+    sentence before it."""
+    return bool(opening) and opening[0] in LEANING
+
+
+def _words_each(texts: list[str], ascii: bool) -> tuple[list[list[str]], list[bool]]:
+    """`words` of each text (none holds a line break), and whether each leans (`_leans`):
+    the ASCII texts all at once (`ascii`: all are), since `words` costs more a call than
+    a word."""
     if ascii:
         return _ascii_words_each(texts)
     plain = list(map(str.isascii, texts))
-    found, heads = _ascii_words_each(list(compress(texts, plain)))
+    found, leaning = _ascii_words_each(list(compress(texts, plain)))
     batched = iter(range(len(found)))
     words_of: list[list[str]] = []
-    heads_of: list[list[str]] = []
+    leans: list[bool] = []
     for text, is_plain in zip(texts, plain, strict=True):
         if is_plain:
             at = next(batched)
             words_of.append(found[at])
-            heads_of.append(heads[at])
+            leans.append(leaning[at])
         else:
             words_of.append(words(text))
-            heads_of.append(words(text[:40]))
-    return words_of, heads_of
+            leans.append(_leans(words(text[:40])))
+    return words_of, leans
 
 
-def _ascii_words_each(texts: list[str]) -> tuple[list[list[str]], list[list[str]]]:
-    """`_words_each` of ASCII texts: blanked and lower-cased in one pass, then split."""
+def _ascii_words_each(texts: list[str]) -> tuple[list[list[str]], list[bool]]:
+    """`_words_each` of ASCII texts: blanked and lower-cased in one pass, then split. A
+    text that opens with a word opens its first 40 characters with the same word, or with
+    the first 40 characters of it, which are no leaning word either."""
     if not texts:
         return [], []
     blanked = ("\n".join(texts).encode("ascii").translate(_LOWER_WORDS_BUT_LINES)
                .decode("ascii").split("\n"))
-    return list(map(str.split, blanked)), [blank[:40].split(None, 1) for blank in blanked]
+    words_of = list(map(str.split, blanked))
+    return words_of, [
+        found[0] in LEANING if blank[0] != " " else _leans(blank[:40].split(None, 1))
+        for blank, found in zip(blanked, words_of, strict=True)]
 
 
 _LONGEST_CHARS: Final = MAX_SEGMENT_TOKENS * _CHARS_PER_TOKEN_LEAST  # a piece's at most
