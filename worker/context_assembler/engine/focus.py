@@ -287,18 +287,16 @@ def _marks_each(texts: list[str], words_of: list[list[str]], ascii: bool, digits
     """`marks_of` each text (`words_of`: its words; `ascii`: whether all are ASCII;
     `digits`: whether any holds an ASCII digit), with no token looked at in an ASCII text
     that can hold no mark: one with no month or number word among its words, no digit,
-    and no capital after its first token (most sentences). A token's word, stripped of the
-    punctuation around it, is one of its text's words, so a month or a number word shows
-    among them."""
+    and no capital after its first character (most sentences). A token's word, stripped
+    of the punctuation around it, is one of its text's words, so a month or a number word
+    shows among them."""
     marks: list[Marks] = []
     for text, found in zip(texts, words_of, strict=True):
-        if ((ascii or text.isascii()) and _COUNTED.isdisjoint(found)
+        if ((ascii or text.isascii()) and text[1:].islower() and _COUNTED.isdisjoint(found)
                 and not (digits and _ASCII_DIGIT.search(text))):
-            rest = text.split(None, 1)[1:]  # after the first token, if anything is
-            if not rest or rest[0] == rest[0].lower():
-                marks.append(())
-                continue
-        marks.append(marks_of(text))
+            marks.append(())
+        else:
+            marks.append(marks_of(text))
     return marks
 
 
