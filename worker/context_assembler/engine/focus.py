@@ -352,14 +352,14 @@ def _words_each(texts: list[str], ascii: bool) -> tuple[list[list[str]], list[bo
         return _ascii_words_each(texts)
     plain = list(map(str.isascii, texts))
     found, leaning = _ascii_words_each(list(compress(texts, plain)))
-    batched = iter(range(len(found)))
     words_of: list[list[str]] = []
     leans: list[bool] = []
+    at = 0  # the next of the ASCII texts' words
     for text, is_plain in zip(texts, plain, strict=True):
         if is_plain:
-            at = next(batched)
             words_of.append(found[at])
             leans.append(leaning[at])
+            at += 1
         else:
             words_of.append(words(text))
             leans.append(_leans(words(text[:40])))
