@@ -495,3 +495,27 @@ def test_a_passage_no_sentence_of_which_can_rank_is_never_analysed() -> None:
     analysed = [c.chunk_id for c in candidates
                 if ANALYSES.get((c.text_key, COUNTER.name)) is not None]
     assert analysed == ["gold"]
+
+
+def test_a_long_question_looks_its_words_up_in_sets_not_searches() -> None:
+    """A passage's remembered word forms are one string, searched once per question form:
+    a question of many words has them made a set first, so an event costs the sum of its
+    question and its passages, not their product."""
+    texts = [f"Pump {n} was released in 1998. Its warranty lasts two years." for n in range(5)]
+    candidates = [Candidate(rank, chunk(f"c{rank}", text))
+                  for rank, text in enumerate(texts, start=1)]
+    for candidate in candidates:
+        passage_terms(candidate, None,
+                      functools.partial(analyse, candidate, COUNTER.count, COUNTER.name))
+
+    def remembered(question: str) -> list[object]:
+        passages = [_Passage(c, _Joined(c.facts.terms or ""), title_terms(c.title))
+                    for c in candidates]
+        list(scored(passages, question,
+                    lambda p: p.open(analyse(p.candidate, COUNTER.count, COUNTER.name))))
+        return [p.terms for p in passages]
+
+    assert all(isinstance(found, _Joined) for found in remembered("When was pump 3 released?"))
+    many = " ".join(f"word{n}" for n in range(40)) + " pump warranty"
+    assert all(isinstance(forms, frozenset) and {"pump", "warranti", "releas"} <= forms
+               for forms in remembered(many))

@@ -586,6 +586,10 @@ class _Joined:
     def __contains__(self, term: object) -> bool:
         return f"\n{term}\n" in self.joined
 
+    def forms(self) -> frozenset[str]:
+        """The forms as a set: a search reads the whole string, a set looks up one form."""
+        return frozenset(self.joined.split("\n")) - {""}
+
 
 def passage_terms(candidate: Candidate, analysis: Analysis | None,
                   analysed: Callable[[], Analysis]) -> Container[str]:
@@ -681,6 +685,9 @@ Ranked = tuple[float, int, int]  # (minus the score, passage index, segment inde
 _SCORED_WHOLE: Final = 16
 _UNOPENED: Final = -1  # the segment index of a passage's bound in the queue (`scored`)
 _SLACK: Final = 1e-9  # above the float rounding of a score's few additions
+# Most question forms a passage's remembered forms are searched for (`_Joined`): each
+# search reads them all, so a longer question has them made a set first.
+_SEARCHES_A_PASSAGE: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -706,6 +713,10 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
     two groups (holding what the question asks for, or not). A short passage (most of whose
     segments would be set apart anyway) has every segment scored."""
     question_terms = terms(question)
+    if len(question_terms) > _SEARCHES_A_PASSAGE:  # searches would cost more than sets
+        for passage in passages:
+            if isinstance(passage.terms, _Joined):
+                passage.terms = passage.terms.forms()
     shared_by = [
         sorted(term for term in question_terms if term in passage.terms or term in passage.titled)
         for passage in passages]
