@@ -153,7 +153,7 @@ def run_time(event: RetrievalResult, policy: Policy) -> float:
 POLICIES: dict[str, Callable[[], Policy]] = {
     "default": Policy,
     "estimated": lambda: load_preset("estimated"),  # chars/4: no tokenizer hides other costs
-    "focused": lambda: load_preset("focused"),  # every sentence of every chunk scored
+    "focused": lambda: load_preset("focused"),  # every chunk's word forms read
     # A 200K window: every chunk fits, so dedup compares each with every kept one; MMR and
     # compression of every passage on top.
     "wide, mmr, compress": lambda: policy_from_mapping({
@@ -240,6 +240,28 @@ def test_a_stream_of_events_leaves_every_cache_under_its_cap(
     for cache in (word_cache, facts_cache, count_cache):  # full, and evicting: the cap binds
         assert cache.nbytes > cache.max_bytes * 0.9
     assert all(len(text) <= words.WORD_CACHE_MAX_CHARS for text, _ in word_cache._entries)
+
+
+def test_word_forms_remembered_for_focusing_are_charged_and_bounded(
+    configure_caches: Callable[..., None],
+) -> None:
+    """Focusing weighs every passage by the word forms of its text, remembered with the
+    text's facts: charged for their string, never of a text over 4 KB, under the cap."""
+    configure_caches(facts=64 * 1024)
+    facts_cache, policy = facts.FACTS, load_preset("focused")
+    rng = random.Random(11)
+    long = [chunk(f"c{i}", prose(rng, 20_000), doc_id=f"d{i}") for i in range(4)]
+    assemble(RetrievalResult(request_id="r", question="pump?", chunks=long), policy)
+    assert not any(entry.terms for entry in facts_cache._entries.values())
+    for _ in range(3):
+        short = [chunk(f"c{i}", prose(rng, 1_000), doc_id=f"d{i}") for i in range(100)]
+        assemble(RetrievalResult(request_id="r", question="pump?", chunks=short), policy)
+    entries = list(facts_cache._entries.values())
+    assert facts_cache.nbytes == sum(e.nbytes for e in entries) <= facts_cache.max_bytes
+    assert facts_cache.nbytes > facts_cache.max_bytes * 0.9  # full, and evicting
+    remembered = [e for e in entries if e.terms is not None]
+    assert remembered
+    assert all(e.nbytes >= sys.getsizeof(e.terms) for e in remembered)
 
 
 def test_passage_costs_are_charged_for_their_header_fields(
