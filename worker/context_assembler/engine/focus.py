@@ -32,7 +32,8 @@ import heapq
 import math
 import re
 import sys
-from collections.abc import Callable, Collection, Container, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Final, NamedTuple
@@ -552,7 +553,7 @@ class _Passage:
     until its sentences may rank among the best, then by its analysis (`open`)."""
 
     candidate: Candidate
-    terms: Container[str]  # the word forms its text holds
+    terms: AbstractSet[str] | _Joined  # the word forms its text holds
     titled: frozenset[str]  # the word forms of its title
     analysis: Analysis | None = None  # once analysed (`opened` reads it)
     segments: tuple[Segment, ...] = ()  # these three once opened
@@ -592,7 +593,7 @@ class _Joined:
 
 
 def passage_terms(candidate: Candidate, analysis: Analysis | None,
-                  analysed: Callable[[], Analysis]) -> Container[str]:
+                  analysed: Callable[[], Analysis]) -> AbstractSet[str] | _Joined:
     """The word forms of the candidate's text: what weighs a passage before it is opened.
     Its analysis's where it is at hand; else as its text's facts remember them; else read
     from the whole text at once (the same forms as its analysis finds in its segments),
@@ -600,11 +601,11 @@ def passage_terms(candidate: Candidate, analysis: Analysis | None,
     inside a word (`_pieces`): then from its analysis. Remembered with the text's other
     facts where its word set would be."""
     if analysis is not None:
-        return analysis.postings
+        return analysis.postings.keys()
     if candidate.facts.terms is not None:
         return _Joined(candidate.facts.terms)
     text = candidate.text
-    held: Collection[str] = (
+    held: AbstractSet[str] = (
         terms(text) if max(map(len, text.split(" "))) < _LONGEST_CHARS
         else analysed().postings.keys())
     if is_cached(text, None):
@@ -680,11 +681,16 @@ def priors(candidates: list[Candidate]) -> dict[int, float]:
 
 
 Ranked = tuple[float, int, int]  # (minus the score, passage index, segment index)
+# In `scored`'s queue: a segment and the rest of its stream, or a passage's bound and None.
+Queued = tuple[float, int, int, Iterator[Ranked] | None]
 # A passage of at most this many segments has each scored one by one: its segments mostly
 # match, neighbour one that does or open it, and sets and groups cost more than they save.
 _SCORED_WHOLE: Final = 16
 _UNOPENED: Final = -1  # the segment index of a passage's bound in the queue (`scored`)
 _SLACK: Final = 1e-9  # above the float rounding of a score's few additions
+# Characters of text an event's passages may hold, a token of the budget, for all of them
+# to be analysed at once (`focus`): about 3 tokens of text a token of budget.
+_ANALYSED_AT_ONCE: Final = 12
 # Most question forms a passage's remembered forms are searched for (`_Joined`): each
 # search reads them all, so a longer question has them made a set first.
 _SEARCHES_A_PASSAGE: Final = 8
@@ -718,7 +724,9 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
             if isinstance(passage.terms, _Joined):
                 passage.terms = passage.terms.forms()
     shared_by = [
-        sorted(term for term in question_terms if term in passage.terms or term in passage.titled)
+        sorted(question_terms & passage.titled | (
+            {term for term in question_terms if term in passage.terms}
+            if isinstance(passage.terms, _Joined) else question_terms & passage.terms))
         for passage in passages]
     idf = weights_of_terms(shared_by, question_terms)
     mass = sum(idf.values()) or 1.0
@@ -727,16 +735,29 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
     asking = _Question(frozenset(words(question)), asked, share, weights)
     prior = priors([p.candidate for p in passages])
     added_most = (weights.asked if asked else 0.0) + weights.opening + _SLACK
-    queue: list[tuple[float, int, int, Iterator[Ranked] | None]] = []
+    explicit: list[Ranked] = []  # of the passages analysed already: scored at once
+    streams: list[Iterator[Ranked]] = []
+    waiting: list[tuple[float, int, int, None]] = []  # the others, at their bounds
     bases: list[float] = []
     for number, passage in enumerate(passages):
         shared = shared_by[number]
         about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
         bases.append(base)
+        if passage.analysis is not None:
+            open_passage(passage)
+            streams += _segments_ranked(passage, number, base, shared, asking, explicit)
+            continue
         matched = sum(share[t] for t in shared if t in passage.terms)
         bound = base + (1 + weights.neighbour) * matched + added_most
-        queue.append((-bound, number, _UNOPENED, None))
+        waiting.append((-bound, number, _UNOPENED, None))
+    explicit.sort()
+    if not waiting:  # every passage scored: one merge
+        yield from heapq.merge(explicit, *streams)
+        return
+    queue: list[Queued] = [*waiting]
+    for stream in [iter(explicit), *streams]:
+        _enqueue(queue, stream)
     heapq.heapify(queue)
     while queue:
         key, number, index, rest = queue[0]
@@ -744,11 +765,12 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
             heapq.heappop(queue)
             passage = passages[number]
             open_passage(passage)
+            scored_now: list[Ranked] = []
             for stream in _segments_ranked(passage, number, bases[number], shared_by[number],
-                                           asking):
-                first = next(stream, None)
-                if first is not None:
-                    heapq.heappush(queue, (*first, stream))
+                                           asking, scored_now):
+                _enqueue(queue, stream, heapq.heappush)
+            scored_now.sort()
+            _enqueue(queue, iter(scored_now), heapq.heappush)
             continue
         yield key, number, index
         following = next(rest, None)
@@ -758,10 +780,19 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
             heapq.heapreplace(queue, (*following, rest))
 
 
+
+def _enqueue(queue: list[Queued], stream: Iterator[Ranked],
+             add: Callable[[list[Queued], Queued], None] = list.append) -> None:
+    """Put `stream` in the queue at its first segment, unless it has none."""
+    first = next(stream, None)
+    if first is not None:
+        add(queue, (*first, stream))
+
+
 def _segments_ranked(passage: _Passage, number: int, base: float, shared: list[str],
-                     question: _Question) -> list[Iterator[Ranked]]:
-    """An opened passage's segments, in streams each best first: the ones scored one by one,
-    then its two groups of segments that share a score (`scored`)."""
+                     question: _Question, explicit: list[Ranked]) -> list[Iterator[Ranked]]:
+    """An opened passage's segments: those scored one by one added to `explicit`, and its
+    two groups of segments that share a score, each a stream in order (`scored`)."""
     analysis, size = passage.opened, len(passage.segments)
     share, asked, question_words = question.share, question.asked, question.words
     neighbour, opening = question.weights.neighbour, question.weights.opening
@@ -785,7 +816,6 @@ def _segments_ranked(passage: _Passage, number: int, base: float, shared: list[s
     special: set[int] | range = (  # a short passage: every segment, no sets, no groups
         range(size) if size <= _SCORED_WHOLE else _set_apart(matched, judged, size))
     kinds_of, found = analysis.kinds, matched.get
-    explicit: list[Ranked] = []
     append = explicit.append
     for index in special:
         score = base + found(index, 0.0) + neighbour * max(found(index - 1, 0.0),
@@ -797,13 +827,11 @@ def _segments_ranked(passage: _Passage, number: int, base: float, shared: list[s
         if index == 0:
             score += opening
         append((-score, number, index))
-    explicit.sort()
-    streams = [iter(explicit)]
-    if len(special) < size:
-        holding, others = analysis.split(asked)
-        streams.append(_group(-(base + asked_weight), number, holding, special))
-        streams.append(_group(-base, number, others, special))
-    return streams
+    if len(special) == size:
+        return []
+    holding, others = analysis.split(asked)
+    return [_group(-(base + asked_weight), number, holding, special),
+            _group(-base, number, others, special)]
 
 
 def _set_apart(matched: dict[int, float], judged: set[int], size: int) -> set[int]:
@@ -928,9 +956,14 @@ def focus(
     def open_passage(passage: _Passage) -> None:
         passage.open(passage.analysis or analysed(passage.candidate))
 
+    # Where the budget holds a good share of the event's text, nearly every passage gives
+    # a sentence: all are analysed at once, as weighing them by word forms first would
+    # only add work.
+    every = sum(len(c.text) for c in candidates) <= _ANALYSED_AT_ONCE * packing.budget
     passages = []
     for candidate in candidates:
-        at_hand = ANALYSES.get((candidate.text_key, tokenizer))
+        at_hand = (analysed(candidate) if every
+                   else ANALYSES.get((candidate.text_key, tokenizer)))
         held = passage_terms(candidate, at_hand, functools.partial(analysed, candidate))
         passages.append(_Passage(candidate, held, title_terms(candidate.title), at_hand))
     taking = _Taking(packing.budget, packing.separator_tokens, count(f" {ELISION}"), count,
