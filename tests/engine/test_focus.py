@@ -472,6 +472,8 @@ def test_opening_passages_as_their_bounds_are_reached_ranks_every_segment_once_i
     assert sorted((number, index) for _, number, index in ranked) == [
         (number, index) for number, passage in enumerate(passages)
         for index in range(len(passage.segments))]
+    assert list(scored(passages, evented.question, lambda p: p.open(analysed(p.candidate)),
+                       at_once=True)) == ranked  # every passage scored first: the same
 
 
 def test_a_passage_no_sentence_of_which_can_rank_is_never_analysed() -> None:

@@ -707,17 +707,20 @@ class _Question:
 
 
 def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Passage], None],
-           weights: Weights = WEIGHTS) -> Iterator[Ranked]:
+           weights: Weights = WEIGHTS, at_once: bool = False) -> Iterator[Ranked]:
     """Every segment, best first (ties: the better-ranked passage, then the earlier
     segment). A passage is opened (`open_passage`: cut into sentences, then scored) only
     once its bound, the most any of its segments can score, is reached: until then it
     waits in the queue at its bound, so that no segment of it can come after one it would
     have preceded. A passage whose question words are few or common is never opened when
     the budget is spent before, which keeps a large event's cost near that of the passages
-    it takes from. Within a passage, only the segments a question word, a neighbour of one
-    or its opening sets apart are scored one by one; the rest score the same within their
-    two groups (holding what the question asks for, or not). A short passage (most of whose
-    segments would be set apart anyway) has every segment scored."""
+    it takes from. `at_once`: every passage opened and scored first, one merge (where
+    nearly every passage gives a sentence, bounds would only add work).
+
+    Within a passage, only the segments a question word, a neighbour of one or its opening
+    sets apart are scored one by one; the rest score the same within their two groups
+    (holding what the question asks for, or not). A short passage (most of whose segments
+    would be set apart anyway) has every segment scored."""
     question_terms = terms(question)
     if len(question_terms) > _SEARCHES_A_PASSAGE:  # searches would cost more than sets
         for passage in passages:
@@ -744,7 +747,7 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
         about = sum(idf[t] for t in shared) / mass
         base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
         bases.append(base)
-        if passage.analysis is not None:
+        if at_once:
             open_passage(passage)
             streams += _segments_ranked(passage, number, base, shared, asking, explicit)
             continue
@@ -971,8 +974,8 @@ def focus(
     dropped: dict[int, Drop] = {}
     refused: set[int] = set()  # passages left out: copies, or beyond max_chunks
     stopped: tuple[int, str] | None = None
-    for place, (_, number, index) in enumerate(scored(passages, packing.question, open_passage,
-                                                      packing.weights)):
+    ranked = scored(passages, packing.question, open_passage, packing.weights, at_once=every)
+    for place, (_, number, index) in enumerate(ranked):
         passage = passages[number]
         if number in refused or passage.chosen[index]:
             continue
