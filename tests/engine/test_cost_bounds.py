@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 
 from context_assembler.contract.models import RetrievalResult
-from context_assembler.engine import assemble, caches, facts, focus, words
+from context_assembler.engine import assemble, caches, facts, sentences, words
 from context_assembler.engine.lru import COUNT_ENTRY_BYTES, BoundedCache, SizedCache, text_key
 from context_assembler.engine.policy import Policy, policy_from_mapping
 from context_assembler.engine.tokens import get_counter
@@ -451,7 +451,7 @@ def test_focused_analyses_stay_under_their_cap(configure_caches: Callable[..., N
         chunks = [chunk(f"c{i}", prose(rng, 3_000), doc_id=f"d{i}") for i in range(20)]
         assemble(RetrievalResult(request_id=f"r{round_}", question="pump warranty?",
                                  chunks=chunks), policy)
-    cache = focus.ANALYSES
+    cache = sentences.ANALYSES
     assert cache.nbytes == sum(e.nbytes for e in cache._entries.values()) <= cache.max_bytes
     assert cache.nbytes > cache.max_bytes * 0.8  # full, and evicting: the cap binds
     assert all(entry.nbytes >= 2 * 3_000 for entry in cache._entries.values())

@@ -16,27 +16,25 @@ from context_assembler.engine.compress import ELISION
 from context_assembler.engine.dedup import CopyDetector
 from context_assembler.engine.facts import NOTHING_KNOWN
 from context_assembler.engine.focus import (
+    FocusPacking,
+    _Joined,
+    _Passage,
+    asks_for,
+    focus,
+    passage_terms,
+    scored,
+    sentence_counter,
+)
+from context_assembler.engine.policy import DedupPolicy, Policy, policy_from_mapping
+from context_assembler.engine.sentences import (
     ANALYSES,
     DATE,
     NAME,
     NUMBER,
-    FocusPacking,
-    _Joined,
-    _Passage,
     analyse,
-    asks_for,
-    focus,
-    held_kinds,
-    marks_of,
-    passage_terms,
-    scored,
     segments,
-    sentence_counter,
-    stem,
-    terms,
     title_terms,
 )
-from context_assembler.engine.policy import DedupPolicy, Policy, policy_from_mapping
 from context_assembler.engine.tokens import TiktokenCounter, get_counter
 from context_assembler.engine.vocabulary import load_encoding
 from context_assembler.intake.policy_registry import load_preset
@@ -186,14 +184,6 @@ def test_a_larger_budget_keeps_every_sentence_a_smaller_one_kept(
             assert run in _flat(larger[item.candidate.rank])
 
 
-def test_word_forms_meet() -> None:
-    assert stem("released") == stem("release") == stem("releases") == stem("releasing")
-    assert stem("movies") == stem("movie")
-    assert stem("countries") == stem("country")
-    assert stem("glass") == "glass" and stem("bus") == "bus"
-    assert terms("When was the movie released?") == frozenset({"movi", "releas"})
-
-
 def test_what_a_question_asks_for() -> None:
     assert asks_for("when is the next deadpool movie being released") == DATE
     assert asks_for("in what year did the war end") == DATE
@@ -201,71 +191,6 @@ def test_what_a_question_asks_for() -> None:
     assert asks_for("who sang the song") == NAME
     assert asks_for("where is the tower") == NAME
     assert asks_for("what is a pump") == 0
-
-
-def test_what_kind_of_answer_a_sentence_holds_beyond_the_question() -> None:
-    asked = frozenset({"season", "5"})
-    def kinds(sentence: str) -> int:
-        return held_kinds(marks_of(sentence), asked)
-
-    assert kinds("It was released on May 18, 2018.") & DATE
-    assert kinds("The season has twelve episodes.") & NUMBER
-    assert not kinds("Season 5 is good.") & NUMBER  # 5 is the question's own
-    assert kinds("The song was sung by Dick Powell.") & NAME
-    assert not kinds("the song was sung by him.")
-
-
-def test_a_sentence_that_starts_with_a_pronoun_leans_on_the_one_before() -> None:
-    found = segments("Deadpool 2 is a film. It was released in May. Sales were high.",
-                     COUNTER.count)
-    assert [s.text for s in found] == ["Deadpool 2 is a film.", "It was released in May.",
-                                       "Sales were high."]
-    assert [s.leans for s in found] == [False, True, False]
-    assert [s.text for s in segments("He met J. Smith in the U.S. Army. Done.",
-                                     COUNTER.count)] == ["He met J. Smith in the U.S. Army.",
-                                                         "Done."]
-
-
-def test_a_long_sentence_is_taken_in_pieces_of_its_own_text() -> None:
-    sentence = " ".join(f"word{n}" for n in range(300)) + "."
-    found = segments(sentence, COUNTER.count)
-    assert len(found) > 1
-    assert " ".join(s.text for s in found) == sentence
-    assert all(COUNTER.count(s.text) <= 2 * 64 for s in found)
-
-
-# Parts of passages that ASCII and other text handle apart: capitals that lower-case to two
-# characters or to ASCII, final sigma, other scripts' digits, blanks that end a line or not,
-# words past the 32 characters whose forms are cached, sentences cut into pieces; among
-# plain words, so that most sentences hold no mark, as in prose.
-PASSAGE_PARTS = st.sampled_from([
-    *[" "] * 12, *["the", "pump", "Smith", "It", "water", "runs", "of", ". "] * 3,
-    "it", "He", "However", "may", "May", "MAY", "two", "Two", "1998", "1990s", "21st", "J.",
-    "U.S.", "(May", "March,", '"Smith"', "first.", "hundred", "released", "releases",
-    "glasses", "a", "İstanbul", "\u212aelvin", "ΑΣ", "é", "²", "\u0661", "…", "x" * 40,
-    "long" * 40, "  ", "? ", ".\n", "\n", "\t", "\xa0", "\u2028", "! ", ") ",
-])
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(PASSAGE_PARTS, min_size=1, max_size=120).map("".join))
-def test_an_analysis_finds_in_each_segment_what_the_segment_alone_says(text: str) -> None:
-    """A passage is analysed at once (its words found in one pass, its markless sentences
-    skipped), and what the analysis holds of each segment is what that segment's text says
-    read alone: its marks and kinds of answer, the word forms it is indexed under."""
-    if not text.strip():
-        return
-    found = analyse(Candidate(1, chunk("c", text)), COUNTER.count, COUNTER.name)
-    indexed: dict[str, list[int]] = {}
-    for index, segment in enumerate(found.segments):
-        assert segment.marks == marks_of(segment.text)
-        kinds = 0
-        for _, kind in segment.marks:
-            kinds |= kind
-        assert found.kinds[index] == kinds
-        for term in sorted(terms(segment.text)):
-            indexed.setdefault(term, []).append(index)
-    assert {term: list(held) for term, held in found.postings.items()} == indexed
 
 
 def test_the_subject_comes_with_a_pronoun_sentence() -> None:
