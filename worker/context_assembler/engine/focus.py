@@ -149,7 +149,7 @@ def passage_terms(candidate: Candidate, analysis: Analysis | None,
     Its analysis's where it is at hand; else as its text's facts remember them; else read
     from the whole text at once (the same forms as its analysis finds in its segments),
     unless a run of the text without a space is long enough that a segment may be cut
-    inside a word (`_pieces`): then from its analysis. Remembered with the text's other
+    inside a word (`sentences._pieces`): then from its analysis. Remembered with the text's other
     facts where its word set would be."""
     if analysis is not None:
         return analysis.postings.keys()
