@@ -288,32 +288,28 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
     asked = asks_for(question)
     asking = _Question(frozenset(words(question)), asked, share, weights)
     prior = priors([p.candidate for p in passages])
-    added_most = (weights.asked if asked else 0.0) + weights.opening + _SLACK
-    explicit: list[Ranked] = []  # of the passages analysed already: scored at once
-    streams: list[Iterator[Ranked]] = []
-    waiting: list[tuple[float, int, int, None]] = []  # the others, at their bounds
-    bases: list[float] = []
-    for number, passage in enumerate(passages):
-        shared = shared_by[number]
-        about = sum(idf[t] for t in shared) / mass
-        base = weights.passage * about + weights.prior * prior[passage.candidate.rank]
-        bases.append(base)
-        if at_once:
+    bases = [
+        weights.passage * (sum(idf[t] for t in shared) / mass)
+        + weights.prior * prior[passage.candidate.rank]
+        for passage, shared in zip(passages, shared_by, strict=True)]
+    if at_once:  # every passage scored first: one merge
+        explicit: list[Ranked] = []
+        streams: list[Iterator[Ranked]] = []
+        for number, passage in enumerate(passages):
             open_passage(passage)
-            found, groups = _segments_ranked(passage, number, base, shared, asking)
+            found, groups = _segments_ranked(passage, number, bases[number], shared_by[number],
+                                             asking)
             explicit += found
             streams += groups
-            continue
-        matched = sum(share[t] for t in shared if t in passage.terms)
-        bound = base + (1 + weights.neighbour) * matched + added_most
-        waiting.append((-bound, number, _UNOPENED, None))
-    explicit.sort()
-    if not waiting:  # every passage scored: one merge
+        explicit.sort()
         yield from heapq.merge(explicit, *streams)
         return
-    queue: list[Queued] = [*waiting]
-    for stream in [iter(explicit), *streams]:
-        _enqueue(queue, stream)
+    added_most = (weights.asked if asked else 0.0) + weights.opening + _SLACK
+    queue: list[Queued] = [  # every passage at its bound
+        (-(base + (1 + weights.neighbour) * sum(share[t] for t in shared if t in passage.terms)
+           + added_most), number, _UNOPENED, None)
+        for number, (passage, shared, base) in enumerate(zip(passages, shared_by, bases,
+                                                             strict=True))]
     heapq.heapify(queue)
     while queue:
         key, number, index, rest = queue[0]
@@ -325,7 +321,9 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
                                              shared_by[number], asking)
             found.sort()
             for stream in (iter(found), *groups):
-                _enqueue(queue, stream, heapq.heappush)
+                first = next(stream, None)
+                if first is not None:
+                    heapq.heappush(queue, (*first, stream))
             continue
         yield key, number, index
         following = next(rest, None)
@@ -333,15 +331,6 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
             heapq.heappop(queue)
         else:
             heapq.heapreplace(queue, (*following, rest))
-
-
-
-def _enqueue(queue: list[Queued], stream: Iterator[Ranked],
-             add: Callable[[list[Queued], Queued], None] = list.append) -> None:
-    """Put `stream` in the queue at its first segment, unless it has none."""
-    first = next(stream, None)
-    if first is not None:
-        add(queue, (*first, stream))
 
 
 def _segments_ranked(passage: _Passage, number: int, base: float, shared: list[str],
