@@ -326,9 +326,9 @@ LONGEST_CHARS: Final = MAX_SEGMENT_TOKENS * _CHARS_PER_TOKEN_LEAST  # a piece's 
 
 
 def _pieces(sentence: str, tokens: int) -> list[tuple[str, bool]]:
-    """(piece, whether a space came before it) for a sentence cut to about
-    MAX_SEGMENT_TOKENS each; a short sentence (`tokens`: its count, or 0 where it is too
-    short in characters to be long) is one piece."""
+    """(piece, whether a space came before it) for a sentence of `tokens` cut to about
+    MAX_SEGMENT_TOKENS each; one that counts no more is one piece (`_cut_long` asks only of
+    the sentences over LONGEST_CHARS)."""
     longest = LONGEST_CHARS
     if tokens <= MAX_SEGMENT_TOKENS:
         return [(sentence, True)]
