@@ -277,11 +277,12 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
         for passage in passages:
             if isinstance(passage.terms, _Joined):
                 passage.terms = passage.terms.forms()
-    shared_by = [
-        sorted(question_terms & passage.titled | (
-            {term for term in question_terms if term in passage.terms}
-            if isinstance(passage.terms, _Joined) else question_terms & passage.terms))
+    held_by = [  # the question's forms each passage's text holds (its title aside)
+        {term for term in question_terms if term in passage.terms}
+        if isinstance(passage.terms, _Joined) else question_terms & passage.terms
         for passage in passages]
+    shared_by = [sorted(question_terms & passage.titled | held)
+                 for passage, held in zip(passages, held_by, strict=True)]
     idf = weights_of_terms(shared_by, question_terms)
     mass = sum(idf.values()) or 1.0
     share = {term: weight / mass for term, weight in idf.items()}  # what a match adds
@@ -306,10 +307,10 @@ def scored(passages: list[_Passage], question: str, open_passage: Callable[[_Pas
         return
     added_most = (weights.asked if asked else 0.0) + weights.opening + _SLACK
     queue: list[Queued] = [  # every passage at its bound
-        (-(base + (1 + weights.neighbour) * sum(share[t] for t in shared if t in passage.terms)
+        (-(base + (1 + weights.neighbour) * sum(share[t] for t in shared if t in held)
            + added_most), number, _UNOPENED, None)
-        for number, (passage, shared, base) in enumerate(zip(passages, shared_by, bases,
-                                                             strict=True))]
+        for number, (held, shared, base) in enumerate(zip(held_by, shared_by, bases,
+                                                          strict=True))]
     heapq.heapify(queue)
     while queue:
         key, number, index, rest = queue[0]
