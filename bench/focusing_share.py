@@ -15,11 +15,17 @@ the same passages) under both policies first, as `engine_bench` does; cold event
 from empty caches. Every pass runs twice and each event keeps its lower CPU time (this
 thread's). Printed: the medians of the per-event ratios to `default`, and what 1.5x
 `default` leaves focusing, in microseconds an event, against what it takes.
+
+A last pass times, within focusing, the work a faster way of choosing sentences would
+still leave: the exact recount of the extracts (`focus._exact`), the copy checks of the
+passages taken from (`CopyDetector`) and their headers rendered. Where that alone is more
+than 1.5x leaves, no faster scoring can reach the target without them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib
 import statistics
@@ -32,6 +38,8 @@ from bench.corpus import Corpus
 from bench.engine_bench import SEED, TARGET_FOCUSED_RATIO
 from context_assembler.contract.models import RetrievalResult
 from context_assembler.engine import Policy, assemble, caches
+from context_assembler.engine import focus as focus_module
+from context_assembler.engine.dedup import CopyDetector
 from context_assembler.intake.policy_registry import load_policy
 
 # The module, not the function `engine` exports under its name: where `focus` is looked up.
@@ -86,14 +94,83 @@ def times(way: str, cases: list[tuple[str, RetrievalResult, RetrievalResult | No
     return spent
 
 
+STAGES = ("exact recount", "copy checks", "headers")
+
+
+def _timing_ns() -> int:
+    """What reading the thread's clock around a call of nothing adds, median of many."""
+    found = []
+    for _ in range(2_001):
+        start = time.thread_time_ns()
+        found.append(time.thread_time_ns() - start)
+    return int(statistics.median(found))
+
+
+_TIMING_NS = _timing_ns()
+
+
+@contextmanager
+def staged(spent: dict[str, int]) -> Iterator[None]:
+    """Within the block, the thread's CPU ns in each of `STAGES` added to `spent`, less
+    what timing a call costs itself (`_TIMING_NS`)."""
+    def timing(stage: str, run: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any) -> Any:
+            start = time.thread_time_ns()
+            try:
+                return run(*args)
+            finally:
+                spent[stage] += max(0, time.thread_time_ns() - start - _TIMING_NS)
+        return timed
+
+    real_exact, real_focus = focus_module._exact, PIPELINE.focus
+    real_twin, real_kept = CopyDetector.find_twin, CopyDetector.add_kept
+
+    def focus(candidates: Any, packing: Any, detector: Any) -> Any:
+        headed = dataclasses.replace(packing, header=timing("headers", packing.header))
+        return real_focus(candidates, headed, detector)
+
+    focus_module._exact = timing("exact recount", real_exact)
+    CopyDetector.find_twin = timing("copy checks", real_twin)  # type: ignore[method-assign]
+    CopyDetector.add_kept = timing("copy checks", real_kept)  # type: ignore[method-assign]
+    PIPELINE.focus = focus
+    try:
+        yield
+    finally:
+        focus_module._exact = real_exact
+        CopyDetector.find_twin = real_twin  # type: ignore[method-assign]
+        CopyDetector.add_kept = real_kept  # type: ignore[method-assign]
+        PIPELINE.focus = real_focus
+
+
+def stage_times(cases: list[tuple[str, RetrievalResult, RetrievalResult | None]],
+                policies: dict[str, Policy]) -> list[dict[str, int]]:
+    """Each case's CPU ns in each of `STAGES` under focused, warmed as `times` warms."""
+    caches.reset()
+    for _, _, twin in cases:
+        if twin is not None:
+            assemble(twin, policies["default"])
+            assemble(twin, policies["focused"])
+    found = []
+    for regime, event, _ in cases:
+        if regime == "cold":
+            caches.reset()
+        spent = dict.fromkeys(STAGES, 0)
+        with staged(spent):
+            assemble(event, policies["focused"])
+        found.append(spent)
+    return found
+
+
 def _given(result: Any, *_: Any) -> Any:
     """`focus` replayed: the result recorded for the event, whatever it is asked."""
     return result
 
 
-def report(size: int, regime: str, best: dict[str, list[int]]) -> str:
-    """One line: the ratios to `default` of the regime's events (`best`: each way's CPU ns
-    an event), and what focusing takes against what the target leaves it."""
+def report(size: int, regime: str, best: dict[str, list[int]], stages: list[dict[str, int]]
+           ) -> str:
+    """Two lines: the ratios to `default` of the regime's events (`best`: each way's CPU ns
+    an event), and what focusing takes against what the target leaves it; then what of it
+    a faster chooser would still pay (`stages`: each event's)."""
     base = best["default"]
 
     def ratio(way: str) -> float:
@@ -103,9 +180,14 @@ def report(size: int, regime: str, best: dict[str, list[int]]) -> str:
     focusing_us = statistics.median(
         f - free for f, free in zip(best["focused"], best["focusing free"], strict=True)) / 1e3
     left_us = TARGET_FOCUSED_RATIO * default_us - statistics.median(best["focusing free"]) / 1e3
+    medians = {stage: statistics.median(spent[stage] for spent in stages) / 1e3
+               for stage in STAGES}
+    kept = ", ".join(f"{stage} {us:.0f}" for stage, us in medians.items())
     return (f"{regime}, {size} chunks: focused {ratio('focused'):.2f}x default, focusing free "
             f"{ratio('focusing free'):.2f}x; focusing takes {focusing_us:.0f} us an event, "
-            f"{TARGET_FOCUSED_RATIO:g}x default ({default_us:.0f} us) leaves it {left_us:.0f} us")
+            f"{TARGET_FOCUSED_RATIO:g}x default ({default_us:.0f} us) leaves it {left_us:.0f} us"
+            f"\n  of which any chooser pays: {kept} us "
+            f"(together {sum(medians.values()):.0f} us)")
 
 
 def main() -> None:
@@ -124,9 +206,11 @@ def main() -> None:
             for way in WAYS:
                 spent = times(way, cases, policies, results)
                 best[way] = list(map(min, best.get(way, spent), spent))
+        stages = stage_times(cases, policies)
         for regime in ("warm", "cold"):
             at = [place for place, case in enumerate(cases) if case[0] == regime]
-            print(report(size, regime, {way: [t[p] for p in at] for way, t in best.items()}))
+            print(report(size, regime, {way: [t[p] for p in at] for way, t in best.items()},
+                         [stages[p] for p in at]))
 
 
 if __name__ == "__main__":
