@@ -74,14 +74,20 @@ def recorded(events: list[RetrievalResult], focused: Policy) -> dict[int, Any]:
     return results
 
 
-def times(way: str, cases: list[tuple[str, RetrievalResult, RetrievalResult | None]],
-          policies: dict[str, Policy], results: dict[int, Any]) -> list[int]:
-    """CPU ns of each case under `way`, after empty caches and the warm cases' twins."""
+def warm_up(cases: list[tuple[str, RetrievalResult, RetrievalResult | None]],
+            policies: dict[str, Policy]) -> None:
+    """Empty caches, then the warm cases' twins under both policies."""
     caches.reset()
     for _, _, twin in cases:
         if twin is not None:
             assemble(twin, policies["default"])
             assemble(twin, policies["focused"])
+
+
+def times(way: str, cases: list[tuple[str, RetrievalResult, RetrievalResult | None]],
+          policies: dict[str, Policy], results: dict[int, Any]) -> list[int]:
+    """CPU ns of each case under `way`, after empty caches and the warm cases' twins."""
+    warm_up(cases, policies)
     spent = []
     for place, (regime, event, _) in enumerate(cases):
         if regime == "cold":
@@ -145,11 +151,7 @@ def staged(spent: dict[str, int]) -> Iterator[None]:
 def stage_times(cases: list[tuple[str, RetrievalResult, RetrievalResult | None]],
                 policies: dict[str, Policy]) -> list[dict[str, int]]:
     """Each case's CPU ns in each of `STAGES` under focused, warmed as `times` warms."""
-    caches.reset()
-    for _, _, twin in cases:
-        if twin is not None:
-            assemble(twin, policies["default"])
-            assemble(twin, policies["focused"])
+    warm_up(cases, policies)
     found = []
     for regime, event, _ in cases:
         if regime == "cold":
