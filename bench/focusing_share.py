@@ -193,7 +193,7 @@ def report(size: int, regime: str, best: dict[str, list[int]], stages: list[dict
     return (f"{regime}, {size} chunks: focused {ratio('focused'):.2f}x default, focusing free "
             f"{ratio('focusing free'):.2f}x; focusing takes {focusing_us:.0f} us an event, "
             f"{TARGET_FOCUSED_RATIO:g}x default ({default_us:.0f} us) leaves it {left_us:.0f} us"
-            f"\n  of which any chooser pays: {kept} us "
+            f"\n  besides choosing: {kept} us "
             f"(together {sum(medians.values()):.0f} us); with choosing and the exact recount "
             f"free, focused would cost {floor:.2f}x default")
 
