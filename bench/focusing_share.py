@@ -140,14 +140,13 @@ def staged(spent: dict[str, int]) -> Iterator[None]:
     focus_module._exact = timing("exact recount", real_exact)
     CopyDetector.find_twin = timing("copy checks", real_twin)  # type: ignore[method-assign]
     CopyDetector.add_kept = timing("copy checks", real_kept)  # type: ignore[method-assign]
-    PIPELINE.focus = focus
     try:
-        yield
+        with focusing(focus):
+            yield
     finally:
         focus_module._exact = real_exact
         CopyDetector.find_twin = real_twin  # type: ignore[method-assign]
         CopyDetector.add_kept = real_kept  # type: ignore[method-assign]
-        PIPELINE.focus = real_focus
 
 
 def stage_times(cases: list[tuple[str, RetrievalResult, RetrievalResult | None]],
