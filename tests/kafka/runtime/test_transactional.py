@@ -66,6 +66,8 @@ class FakeProducer:
         return None
 
     async def __aexit__(self, kind: object, error: object, trace: object) -> None:
+        if self.stopped and kind is None:  # aiokafka 0.14: stopped, it never commits nor fails
+            await asyncio.Event().wait()
         if kind is not None:
             self.aborted += 1
 
@@ -334,6 +336,30 @@ async def test_a_revocation_gives_up_waiting_after_its_bound(
     assert rig.producer(TP0).stopped and rig.worker.assignment.partitions == set()
     stuck.cancel()
     rig.runner.close()
+
+
+async def test_a_transaction_outliving_the_hand_over_ends_before_its_producer_stops(
+    rig: Rig,
+) -> None:
+    """Stopped under its transaction, the producer would never end it, and that round would
+    hold every later one: the partitions' commits would stall for good."""
+    rig.worker.settings = rig.worker.settings.model_copy(update={"session_timeout_seconds": 0.05})
+    await rig.assign(TP0, TP1)
+    rig.gate.clear()  # TP0's transaction stays open past the hand-over's bound
+    delivery = await rig.deliver({TP0: records(TP0, 7, 2)})
+    while not rig.producer(TP0).sent:
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(rig.worker.assignment.on_partitions_revoked([TP0]), timeout=1)
+    assert rig.worker.assignment.partitions == {TP1}
+    assert not rig.producer(TP0).stopped, "stopped under its open transaction"
+    rig.gate.set()
+    assert delivery is not None
+    await asyncio.wait_for(delivery, timeout=1)
+    assert rig.producer(TP0).stopped, "left running once its transaction ended"
+    assert rig.producer(TP0).committed == [{TP0: 9}]
+    await asyncio.wait_for(rig.batch({TP1: records(TP1, 3, 1)}), timeout=1)
+    assert rig.producer(TP1).committed == [{TP1: 4}], "a later round was held"
+    assert rig.in_flight() == 0
 
 
 async def test_without_a_batch_in_flight_a_revocation_is_immediate(rig: Rig) -> None:

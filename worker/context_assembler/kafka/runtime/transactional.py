@@ -20,7 +20,9 @@ the next owner to redo, and the worker goes on with its other partitions. A prod
 for any other reason (its sender died, a batch was refused) is a new epoch too, which fences
 whoever took the partition meanwhile if this worker is the zombie: so the partition is then
 read again from its committed offset, as when it was assigned, and what was read before is
-never committed on top of what the other owner committed.
+never committed on top of what the other owner committed. A revoked partition's producer
+stops only once no transaction of its is in flight: aiokafka never ends a transaction whose
+producer stopped under it, and the round waiting for it would hold every later round.
 
 The worker drives the same `delivery.Delivery` as the faust runtime, as its commit strategy
 (the `Runtime` protocol): events are read ahead (up to MAX_EVENTS_IN_FLIGHT read and not yet
@@ -93,6 +95,7 @@ class _Partition:
     batch_bytes: int  # 1 while telling which record was refused
     attempts: Attempts | None = None  # while its transactions keep failing
     rewinds: int = 0  # events read before its latest rewind are stale
+    transacting: bool = False  # in a transaction, which then stops the producer if released
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,10 +267,17 @@ class TransactionalWorker:
         self.held[tp] = _Partition(tp, producer, batch_bytes)
 
     async def release(self, revoked: Iterable[TopicPartition]) -> None:
-        """Give the revoked partitions up once their transactions in flight ended, so that
+        """Give the revoked partitions up once their deliveries under way ended, so that
         their next owner reads from the offsets they commit (bounded: a transaction stuck on
         a failing broker is aborted by its own error path, and its events are read again
-        anyway)."""
+        anyway).
+
+        A partition's producer is stopped here only if no transaction of its is in flight:
+        one may have begun after the hand-over, with events read before it, or outlived the
+        bound. aiokafka never ends a transaction whose producer stopped under it (the commit
+        waits forever), and that round would hold every later one. Such a transaction ends
+        by itself (committed, or aborted once the next owner's producer fences it) and then
+        stops its producer (`_transact`)."""
         revoked = list(revoked)
         await self.delivery.revoke([(tp.topic, tp.partition) for tp in revoked],
                                    self.settings.session_timeout_seconds)
@@ -276,7 +286,15 @@ class TransactionalWorker:
             self._fenced.pop(tp, None)
             if tp in self.held:
                 released.append(self.held.pop(tp))
-        await asyncio.gather(*(self._close(p) for p in released))
+        await asyncio.gather(*(self._give_up(p) for p in released if not p.transacting))
+
+    async def _give_up(self, partition: _Partition) -> None:
+        """The partition is no longer held here: its failures no longer block /ready, and its
+        producer stops."""
+        if partition.attempts is not None:
+            partition.attempts.close()
+            partition.attempts = None
+        await self._close(partition)
 
     async def _close(self, partition: _Partition) -> None:
         try:
@@ -315,7 +333,9 @@ class TransactionalWorker:
 
     async def _transact(self, partition: _Partition, entries: list[Entry[_Read]]) -> None:
         """Commit the entries' records and their last offset in one transaction. Entries read
-        before the partition was rewound, or moved, are dropped (their events are read again)."""
+        before the partition was rewound, or moved, are dropped (their events are read again).
+        A partition given up while its transaction was in flight has its producer stopped
+        here, once the transaction ended (`release`)."""
         tp = partition.tp
         current = self.held.get(tp) is partition
         fresh: list[Entry[_Read]] = []
@@ -326,6 +346,17 @@ class TransactionalWorker:
         self._settle(stale, _Dropped())
         if not fresh:
             return
+        partition.transacting = True
+        try:
+            await self._commit_held(partition, fresh)
+        finally:
+            partition.transacting = False
+            if self.held.get(tp) is not partition:  # given up meanwhile
+                await self._give_up(partition)
+
+    async def _commit_held(self, partition: _Partition, fresh: list[Entry[_Read]]) -> None:
+        """`_transact` for entries read from the partition as held now."""
+        tp = partition.tp
         died = _sender_error(partition.producer)
         if died is not None:
             # Fenced while idle, or the connection lost as it looked a coordinator up. These
@@ -367,6 +398,10 @@ class TransactionalWorker:
         except Stopped:
             raise
         except Exception as error:  # a Kafka error, a record undelivered, or a bug
+            if self.held.get(tp) is not partition:
+                log.info("%s was handed over during a transaction that then failed (%r): its "
+                         "next owner redoes its %d events", tp, error, len(fresh))
+                return
             if _fenced(error):
                 await self._drop_fenced(partition)
                 return
@@ -394,16 +429,13 @@ class TransactionalWorker:
         log.error("the producer of %s (transactional id %s) was fenced: another worker holds "
                   "that partition now; its uncommitted events are dropped here and redone "
                   "there", tp, self.settings.transactional_id_for(tp.topic, tp.partition))
-        if partition.attempts is not None:
-            partition.attempts.close()
-            partition.attempts = None
         if self.held.get(tp) is partition:
             del self.held[tp]
             consumer = self._consumer
             if consumer is not None and tp in consumer.assignment():
                 consumer.pause(tp)
                 self._fenced[tp] = asyncio.get_running_loop().time()
-        await self._close(partition)
+        await self._give_up(partition)
 
     async def _retake_fenced(self) -> None:
         """A fenced partition still assigned here a session timeout later, with no rebalance
